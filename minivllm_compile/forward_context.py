@@ -1,0 +1,92 @@
+"""Per-step state the opaque splitting ops read, set around each forward (vLLM's forward_context.py).
+
+The compiled graph never sees the KV cache or the per-step metadata: the attention and short-conv
+custom ops take only tensors that flow through the graph plus a `layer_name` string, and look the
+rest up here at run time. That is what lets one graph serve every batch composition.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """What one step's batch looks like. Tokens of all sequences are packed along one dimension.
+
+    query_start_loc: int32 [num_seqs + 1], where each sequence's new tokens start in the batch.
+    seq_lens: int32 [num_seqs], each sequence's length including the tokens of this step.
+    slot_mapping: int64 [num_tokens], the KV-cache slot (block * block_size + offset) of each token.
+    block_table: int32 [num_seqs, max_blocks], the cache blocks of each sequence, in order.
+    state_indices: int32 [num_seqs], each sequence's line in the conv-state cache (hybrid models).
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+    state_indices: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.shape[0]
+
+    @property
+    def query_lens(self) -> torch.Tensor:
+        return self.query_start_loc[1:] - self.query_start_loc[:-1]
+
+    @property
+    def context_lens(self) -> torch.Tensor:
+        """Tokens each sequence already has in the cache before this step."""
+        return self.seq_lens - self.query_lens
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1 and bool((self.context_lens > 0).all())
+
+
+@dataclass
+class ForwardContext:
+    # layer_name -> the module that owns that layer's cache (vLLM: static_forward_context)
+    no_compile_layers: dict[str, Any] = field(default_factory=dict)
+    # None during a dummy run (vLLM's profile run): the splitting ops then write zeros
+    attn_metadata: AttentionMetadata | None = None
+
+
+_forward_context: ForwardContext | None = None
+
+
+def get_forward_context() -> ForwardContext:
+    if _forward_context is None:
+        raise RuntimeError(
+            "no forward context is set: call the model through lm(...) / lm.generate(...), or wrap "
+            "the call in `with set_forward_context(attn_metadata, model.static_forward_context):`"
+        )
+    return _forward_context
+
+
+def is_forward_context_available() -> bool:
+    return _forward_context is not None
+
+
+@contextmanager
+def set_forward_context(
+    attn_metadata: AttentionMetadata | None, no_compile_layers: dict[str, Any]
+) -> Iterator[ForwardContext]:
+    global _forward_context
+    prev = _forward_context
+    _forward_context = ForwardContext(no_compile_layers=no_compile_layers, attn_metadata=attn_metadata)
+    try:
+        yield _forward_context
+    finally:
+        _forward_context = prev

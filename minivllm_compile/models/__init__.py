@@ -1,0 +1,70 @@
+"""The models a notebook compiles: `load_model` for the trained checkpoints shipped here,
+`build_model` for the same architectures with seeded random weights (tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from minivllm_compile.models.config import ModelConfig
+from minivllm_compile.models.hybrid import HybridModel
+from minivllm_compile.models.llama import LlamaModel
+from minivllm_compile.models.lm import LM
+from minivllm_compile.models.loader import load_checkpoint_weights
+from minivllm_compile.models.tokenizer import VOCAB_SIZE, ByteTokenizer
+
+CHECKPOINTS = Path(__file__).parent / "checkpoints"
+SHIPPED = ("tiny-llama", "tiny-hybrid")
+
+__all__ = ["LM", "ByteTokenizer", "ModelConfig", "build_model", "load_model", "CHECKPOINTS"]
+
+
+def _make(cfg: ModelConfig, compilation_config, device, dtype) -> tuple[nn.Module, nn.Linear]:
+    cls = HybridModel if cfg.is_hybrid else LlamaModel
+    model = cls(cfg=cfg, compilation_config=compilation_config)
+    lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+    return model, lm_head
+
+
+def _finish(model, lm_head, cfg, device, dtype, checkpoint_dir=None) -> LM:
+    model.to(device=device, dtype=dtype).eval()
+    lm_head.to(device=device, dtype=dtype)
+    return LM(model, lm_head, cfg, checkpoint_dir)
+
+
+def load_model(name_or_path: str | Path, *, compilation_config=None, device=None, dtype=None) -> LM:
+    """Load "tiny-llama", "tiny-hybrid", or a folder holding config.json and model.safetensors."""
+    path = CHECKPOINTS / str(name_or_path) if str(name_or_path) in SHIPPED else Path(name_or_path)
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{name_or_path!r} is neither a shipped model {SHIPPED} nor a folder "
+                                f"with config.json and model.safetensors (looked in {path})")
+    cfg = ModelConfig.from_file(path / "config.json")
+    model, lm_head = _make(cfg, compilation_config, device, dtype)
+    load_checkpoint_weights(model, lm_head, cfg, path / "model.safetensors")
+    return _finish(model, lm_head, cfg, device, dtype, path)
+
+
+def build_model(arch: str, *, num_layers: int = 2, compilation_config=None, seed: int = 0,
+                device=None, dtype=None, **sizes) -> LM:
+    """The "llama" or "hybrid" architecture with seeded random weights; `sizes` override the
+    small defaults (hidden_size, intermediate_size, num_attention_heads, ...)."""
+    if arch not in ("llama", "hybrid"):
+        raise ValueError(f"arch must be 'llama' or 'hybrid', got {arch!r}")
+    d = dict(model_type="llama" if arch == "llama" else "minivllm_hybrid", vocab_size=VOCAB_SIZE,
+             hidden_size=96, intermediate_size=160, num_hidden_layers=num_layers,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=512)
+    if arch == "hybrid":
+        d["layer_types"] = ["conv" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    d.update(sizes)
+    cfg = ModelConfig.from_dict(d)
+    torch.manual_seed(seed)
+    model, lm_head = _make(cfg, compilation_config, device, dtype)
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), ("lm_head", lm_head.weight)]:
+            if name.endswith("norm.weight"):
+                p.normal_(1.0, 0.1)  # near one, as trained norms are, but not exactly
+            else:
+                p.normal_(0.0, 0.5 / p.shape[-1] ** 0.5)
+    return _finish(model, lm_head, cfg, device, dtype)

@@ -1,0 +1,67 @@
+"""An LFM2-like hybrid: most layers mix tokens with a gated short convolution, a few with attention
+(whose q and k get a per-head RMSNorm, fused with RoPE into one op, as vLLM does for Qwen3/LFM2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm_compile.models.config import ModelConfig
+from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding, ShortConv
+from minivllm_compile.models.llama import LlamaModel
+
+
+class HybridAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str, static_forward_context: dict):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, f"{prefix}.attn",
+                              static_forward_context)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        torch.ops.minivllm.fused_qk_norm_rope(
+            qkv, self.num_heads, self.num_kv_heads, self.num_kv_heads, self.head_dim, self.eps,
+            self.q_norm.weight, self.k_norm.weight, self.rotary_emb.cos_sin_cache, True, positions)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str, kind: str, static_forward_context: dict):
+        super().__init__()
+        self.kind = kind
+        if kind == "conv":
+            self.conv = ShortConv(cfg.hidden_size, cfg.conv_L_cache, f"{prefix}.conv", static_forward_context)
+        else:
+            self.self_attn = HybridAttention(cfg, f"{prefix}.self_attn", static_forward_context)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, hidden_states, residual):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        if self.kind == "conv":
+            hidden_states = self.conv(hidden_states)
+        else:
+            hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class HybridModel(LlamaModel):
+    """Same embedding, residual stream and final norm as LlamaModel; only the layers differ."""
+
+    def make_layer(self, cfg: ModelConfig, prefix: str, index: int) -> nn.Module:
+        return HybridDecoderLayer(cfg, prefix, cfg.layer_types[index], self.static_forward_context)

@@ -1,0 +1,105 @@
+"""The building blocks of both models, each a thin module over one custom op (vLLM's layers/).
+
+Every block allocates its output and calls an in-place op, exactly as vLLM's CUDA paths do, so the
+graph Dynamo captures holds the same `auto_functionalized` nodes vLLM's does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
+from minivllm_compile.kernels.rotary_embedding import compute_cos_sin_cache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            out = torch.empty_like(x)
+            torch.ops.minivllm.rms_norm(out, x, self.weight, self.eps)
+            return out
+        # residual <- x + residual; x <- norm(residual): both updated in place
+        torch.ops.minivllm.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return x, residual
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
+        torch.ops.minivllm.silu_and_mul(out, x)
+        return out
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_size: int, max_position: int, base: float, is_neox_style: bool = True):
+        super().__init__()
+        self.head_size, self.is_neox_style = head_size, is_neox_style
+        # not saved with the weights: it is a function of the config (as in vLLM)
+        self.register_buffer(
+            "cos_sin_cache", compute_cos_sin_cache(head_size, max_position, base), persistent=False)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
+        torch.ops.minivllm.rotary_embedding(
+            positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)
+        return query, key
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        # gate and up stacked into one matmul on load, as vLLM's MergedColumnParallelLinear
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class Attention(nn.Module):
+    """The attention splitting op's module: owns the layer's paged KV cache. The cache is a plain
+    attribute, not a buffer: the compiled graph must never see it (it is read through layer_name)."""
+
+    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, layer_name: str,
+                 static_forward_context: dict):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
+        self.scale = head_size**-0.5
+        self.layer_name = layer_name
+        self.kv_cache = torch.empty(0)
+        if layer_name in static_forward_context:
+            raise ValueError(f"duplicate layer name {layer_name!r}")
+        static_forward_context[layer_name] = self
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        output = torch.empty_like(q)
+        torch.ops.minivllm.unified_attention_with_output(q, k, v, output, self.layer_name)
+        return output
+
+
+class ShortConv(nn.Module):
+    """LFM2's gated short convolution; the whole mixer runs inside the opaque `short_conv` op."""
+
+    def __init__(self, hidden_size: int, l_cache: int, layer_name: str, static_forward_context: dict):
+        super().__init__()
+        self.in_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(hidden_size, l_cache))  # depthwise [dim, width]
+        self.out_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.layer_name = layer_name
+        self.conv_state = torch.empty(0)  # [num_seqs, dim, width - 1], allocated per batch
+        if layer_name in static_forward_context:
+            raise ValueError(f"duplicate layer name {layer_name!r}")
+        static_forward_context[layer_name] = self
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        output = torch.empty_like(hidden_states)
+        torch.ops.minivllm.short_conv(hidden_states, output, self.layer_name)
+        return output

@@ -1,0 +1,71 @@
+"""A Llama decoder on the minivllm custom ops (vLLM's model_executor/models/llama.py, made small)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm_compile.models.config import ModelConfig
+from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str, static_forward_context: dict):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        # q, k and v stacked into one matmul on load, as vLLM's QKVParallelLinear
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, f"{prefix}.attn",
+                              static_forward_context)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str, static_forward_context: dict):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, f"{prefix}.self_attn", static_forward_context)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, hidden_states, residual):
+        # vLLM's residual stream: the first layer starts it, later ones fuse the add into the norm
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """The decoder: token ids and positions in, final hidden states out ([num_tokens, hidden])."""
+
+    def __init__(self, *, cfg: ModelConfig, compilation_config=None, prefix: str = "model"):
+        super().__init__()
+        self.cfg, self.compilation_config = cfg, compilation_config
+        self.static_forward_context: dict = {}  # layer_name -> module, for the opaque ops
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            self.make_layer(cfg, f"{prefix}.layers.{i}", i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def make_layer(self, cfg: ModelConfig, prefix: str, index: int) -> nn.Module:
+        return LlamaDecoderLayer(cfg, prefix, self.static_forward_context)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden_states, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states

@@ -1,0 +1,153 @@
+"""`LM`: a decoder, its lm_head and tokenizer, the caches, and generate() (a tiny engine step loop).
+
+Each step packs the new tokens of every running sequence into one 1-D batch, builds the metadata the
+opaque ops read (forward_context.py) and calls the decoder once. Prefill and decode steps differ in
+their number of tokens, which is exactly what a compiled model must absorb without recompiling.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
+from minivllm_compile.models.config import ModelConfig
+from minivllm_compile.models.layers import Attention, ShortConv
+from minivllm_compile.models.tokenizer import ByteTokenizer
+
+BLOCK_SIZE = 16
+
+
+class LM:
+    def __init__(self, model: nn.Module, lm_head: nn.Linear, cfg: ModelConfig,
+                 checkpoint_dir: Path | None = None):
+        self.model, self.lm_head, self.config = model, lm_head, cfg
+        self.tokenizer = ByteTokenizer()
+        self.checkpoint_dir = checkpoint_dir
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    # --- caches -------------------------------------------------------------------------------
+
+    def allocate_caches(self, max_seq_lens: list[int]) -> torch.Tensor:
+        """Fresh KV blocks and conv-state lines for a batch; returns the block table [seqs, blocks]."""
+        blocks_per_seq = [(n + BLOCK_SIZE - 1) // BLOCK_SIZE for n in max_seq_lens]
+        width = max(blocks_per_seq)
+        table = torch.zeros(len(max_seq_lens), width, dtype=torch.int32)
+        start = 0
+        for i, n in enumerate(blocks_per_seq):
+            table[i, :n] = torch.arange(start, start + n, dtype=torch.int32)
+            start += n
+        for layer in self.model.static_forward_context.values():
+            if isinstance(layer, Attention):
+                layer.kv_cache = torch.zeros(2, start, BLOCK_SIZE, layer.num_kv_heads, layer.head_size,
+                                             dtype=self.dtype, device=self.device)
+            elif isinstance(layer, ShortConv):
+                dim, width_ = layer.conv_weight.shape
+                layer.conv_state = torch.zeros(len(max_seq_lens), dim, width_ - 1,
+                                               dtype=self.dtype, device=self.device)
+        return table.to(self.device)
+
+    def metadata(self, query_lens: list[int], seq_lens: list[int], seq_ids: list[int],
+                 block_table: torch.Tensor) -> AttentionMetadata:
+        """Metadata for one step: sequence seq_ids[i] adds query_lens[i] tokens, reaching seq_lens[i]."""
+        dev = self.device
+        slots = []
+        for q, s, sid in zip(query_lens, seq_lens, seq_ids):
+            pos = torch.arange(s - q, s)
+            slots.append(block_table[sid].cpu()[pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
+        qsl = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+        qsl[1:] = torch.tensor(query_lens).cumsum(0)
+        return AttentionMetadata(
+            query_start_loc=qsl.to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            slot_mapping=torch.cat(slots).to(dev),
+            block_table=block_table[seq_ids],
+            state_indices=torch.tensor(seq_ids, dtype=torch.int32, device=dev),
+            max_query_len=max(query_lens), max_seq_len=max(seq_lens))
+
+    # --- forward ------------------------------------------------------------------------------
+
+    def forward_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                     attn_metadata: AttentionMetadata | None) -> torch.Tensor:
+        """One call of the decoder inside its forward context; returns hidden states."""
+        with torch.inference_mode(), set_forward_context(attn_metadata, self.model.static_forward_context):
+            return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.lm_head(hidden_states)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One prefill of one new sequence: logits [num_tokens, vocab] for every token."""
+        self._check_inputs(input_ids, positions)
+        n = input_ids.shape[0]
+        # the tokens fill cache slots 0..n-1 in order; `positions` only feeds RoPE
+        md = self.metadata([n], [n], [0], self.allocate_caches([n]))
+        return self.compute_logits(self.forward_step(input_ids, positions, md))
+
+    def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        if input_ids.dim() != 1 or positions.dim() != 1 or input_ids.shape != positions.shape:
+            raise ValueError(f"input_ids and positions must be 1-D of the same length (num_tokens), got "
+                             f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
+        if input_ids.numel() == 0:
+            raise ValueError("input_ids is empty: give at least one token")
+        for name, t, hi in (("input_ids", input_ids, self.config.vocab_size),
+                            ("positions", positions, self.config.max_position_embeddings)):
+            if t.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device} but the model is on {self.device}")
+            if int(t.min()) < 0 or int(t.max()) >= hi:
+                raise ValueError(f"{name} must lie in [0, {hi}), got [{int(t.min())}, {int(t.max())}]")
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0) -> list[str]:
+        """KV-cached prefill of all prompts in one step, then one decode step per new token.
+        Returns each prompt's continuation (greedy at temperature 0, sampled otherwise)."""
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a list of strings; wrap a single prompt in a list")
+        if max_new_tokens < 1 or temperature < 0:
+            raise ValueError(f"need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}")
+        tok, cfg = self.tokenizer, self.config
+        seqs = [tok.encode(p) for p in prompts]
+        limit = cfg.max_position_embeddings
+        if max(len(s) for s in seqs) + max_new_tokens > limit:
+            raise ValueError(f"prompt plus max_new_tokens exceeds max_position_embeddings={limit}")
+        table = self.allocate_caches([len(s) + max_new_tokens for s in seqs])
+        gen = torch.Generator().manual_seed(seed)
+        outputs: list[list[int]] = [[] for _ in seqs]
+        running = list(range(len(seqs)))
+        query_lens = [len(s) for s in seqs]  # first step: the whole prompt of every sequence
+        while running:
+            ids = torch.tensor([t for i, q in zip(running, query_lens) for t in seqs[i][-q:]], device=self.device)
+            pos = torch.cat([torch.arange(len(seqs[i]) - q, len(seqs[i])) for i, q in zip(running, query_lens)])
+            md = self.metadata(query_lens, [len(seqs[i]) for i in running], running, table)
+            hidden = self.forward_step(ids, pos.to(self.device), md)
+            last = md.query_start_loc[1:].long() - 1  # logits only where a token is sampled
+            next_ids = self._sample(self.compute_logits(hidden[last]).float(), temperature, gen)
+            still = []
+            for i, t in zip(running, next_ids.tolist()):
+                seqs[i].append(t)
+                outputs[i].append(t)
+                if t != cfg.eos_token_id and len(outputs[i]) < max_new_tokens:
+                    still.append(i)
+            running, query_lens = still, [1] * len(still)
+        return [tok.decode(o) for o in outputs]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> torch.Tensor:
+        if temperature == 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.cpu() / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(-1)

@@ -1,0 +1,230 @@
+"""Custom ops in namespace `minivllm`, with the in-place signatures of vLLM's `_C` ops.
+
+Each op is a torch.library custom op that declares what it mutates and has a fake (meta)
+implementation, so Dynamo can trace it without running it and functionalization wraps it in
+`auto_functionalized(...)` exactly as it wraps vLLM's ops (seed §1). On CPU an op runs the plain
+torch reference from `minivllm_compile.kernels`; on CUDA it runs the Triton kernel beside it.
+
+The two mixer ops (attention, short conv) are opaque: they take a `layer_name` and read the layer's
+cache and the step's metadata from the forward context. They are the default splitting ops.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minivllm_compile.forward_context import get_forward_context
+from minivllm_compile.kernels import activation, causal_conv1d, layernorm, paged_attention
+from minivllm_compile.kernels import qk_norm_rope
+from minivllm_compile.kernels import rotary_embedding as rope
+from minivllm_compile.kernels._compat import HAS_TRITON
+
+
+def _use_triton(t: Tensor) -> bool:
+    return t.is_cuda and HAS_TRITON
+
+
+def _check(op: str, cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"minivllm::{op}: {msg}")
+
+
+def _check_like(op: str, tensors: dict[str, Tensor | None]) -> None:
+    """Every named tensor on one device with one dtype; the error names the odd one out."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        _check(op, t.device == first.device,
+               f"`{name}` is on {t.device} but `{first_name}` is on {first.device}; move them to one device")
+        _check(op, t.dtype == first.dtype,
+               f"`{name}` is {t.dtype} but `{first_name}` is {first.dtype}; cast them to one dtype")
+
+
+def _check_norm(op: str, x: Tensor, weight: Tensor) -> None:
+    _check(op, weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+           f"`weight` has shape {tuple(weight.shape)} but the hidden size of `input` is {x.shape[-1]}")
+
+
+# --- normalisation --------------------------------------------------------------------------
+
+@torch.library.custom_op("minivllm::rms_norm", mutates_args=("out",))
+def rms_norm(out: Tensor, input: Tensor, weight: Tensor, eps: float) -> None:
+    _check_like("rms_norm", {"input": input, "out": out, "weight": weight})
+    _check("rms_norm", out.shape == input.shape,
+           f"`out` has shape {tuple(out.shape)} but `input` has {tuple(input.shape)}; pass torch.empty_like(input)")
+    _check_norm("rms_norm", input, weight)
+    (layernorm.rms_norm_triton if _use_triton(input) else layernorm.rms_norm_ref)(out, input, weight, eps)
+
+
+@rms_norm.register_fake
+def _(out, input, weight, eps):
+    return None
+
+
+@torch.library.custom_op("minivllm::fused_add_rms_norm", mutates_args=("input", "residual"))
+def fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
+    _check_like("fused_add_rms_norm", {"input": input, "residual": residual, "weight": weight})
+    _check("fused_add_rms_norm", residual.shape == input.shape,
+           f"`residual` has shape {tuple(residual.shape)} but `input` has {tuple(input.shape)}")
+    _check_norm("fused_add_rms_norm", input, weight)
+    fn = layernorm.fused_add_rms_norm_triton if _use_triton(input) else layernorm.fused_add_rms_norm_ref
+    fn(input, residual, weight, eps)
+
+
+@fused_add_rms_norm.register_fake
+def _(input, residual, weight, eps):
+    return None
+
+
+# --- rotary embedding -----------------------------------------------------------------------
+
+def _check_rope(op: str, positions: Tensor, query: Tensor, head_size: int, cos_sin_cache: Tensor) -> None:
+    _check(op, positions.dtype in (torch.int32, torch.int64),
+           f"`positions` must be an integer tensor, got {positions.dtype}")
+    _check(op, positions.device == query.device,
+           f"`positions` is on {positions.device} but `query` is on {query.device}")
+    _check(op, positions.numel() == query.shape[0],
+           f"`positions` has {positions.numel()} entries but `query` has {query.shape[0]} tokens")
+    _check(op, cos_sin_cache.shape[-1] <= head_size,
+           f"`cos_sin_cache` rotates {cos_sin_cache.shape[-1]} dims, more than head_size={head_size}")
+
+
+@torch.library.custom_op("minivllm::rotary_embedding", mutates_args=("query", "key"))
+def rotary_embedding(
+    positions: Tensor, query: Tensor, key: Tensor | None, head_size: int,
+    cos_sin_cache: Tensor, is_neox: bool,
+) -> None:
+    _check_like("rotary_embedding", {"query": query, "key": key})
+    _check_rope("rotary_embedding", positions, query, head_size, cos_sin_cache)
+    fn = rope.rotary_embedding_triton if _use_triton(query) else rope.rotary_embedding_ref
+    fn(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@rotary_embedding.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox):
+    return None
+
+
+@torch.library.custom_op("minivllm::fused_qk_norm_rope", mutates_args=("qkv",))
+def fused_qk_norm_rope(
+    qkv: Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int, head_dim: int, eps: float,
+    q_weight: Tensor, k_weight: Tensor, cos_sin_cache: Tensor, is_neox: bool, position_ids: Tensor,
+) -> None:
+    op = "fused_qk_norm_rope"
+    _check_like(op, {"qkv": qkv, "q_weight": q_weight, "k_weight": k_weight})
+    width = (num_heads_q + num_heads_k + num_heads_v) * head_dim
+    _check(op, qkv.dim() == 2 and qkv.shape[1] == width,
+           f"`qkv` has shape {tuple(qkv.shape)}, expected [num_tokens, {width}] "
+           f"(({num_heads_q}+{num_heads_k}+{num_heads_v}) heads x head_dim {head_dim})")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        _check(op, w.shape == (head_dim,), f"`{name}` has shape {tuple(w.shape)}, expected ({head_dim},)")
+    _check_rope(op, position_ids, qkv, head_dim, cos_sin_cache)
+    fn = qk_norm_rope.fused_qk_norm_rope_triton if _use_triton(qkv) else qk_norm_rope.fused_qk_norm_rope_ref
+    fn(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
+       cos_sin_cache, is_neox, position_ids)
+
+
+@fused_qk_norm_rope.register_fake
+def _(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
+      cos_sin_cache, is_neox, position_ids):
+    return None
+
+
+# --- activation -----------------------------------------------------------------------------
+
+@torch.library.custom_op("minivllm::silu_and_mul", mutates_args=("out",))
+def silu_and_mul(out: Tensor, input: Tensor) -> None:
+    _check_like("silu_and_mul", {"input": input, "out": out})
+    d = input.shape[-1] // 2
+    _check("silu_and_mul", input.shape[-1] % 2 == 0 and out.shape == (*input.shape[:-1], d),
+           f"`out` has shape {tuple(out.shape)}; for `input` of shape {tuple(input.shape)} it must be "
+           f"{(*input.shape[:-1], d)} (input holds gate and up halves side by side)")
+    (activation.silu_and_mul_triton if _use_triton(input) else activation.silu_and_mul_ref)(out, input)
+
+
+@silu_and_mul.register_fake
+def _(out, input):
+    return None
+
+
+# --- the opaque mixers: the default splitting ops ---------------------------------------------
+
+def _layer(op: str, layer_name: str):
+    layers = get_forward_context().no_compile_layers
+    if layer_name not in layers:
+        raise KeyError(f"minivllm::{op}: no layer named {layer_name!r} in the forward context "
+                       f"(known: {sorted(layers)[:6]}{' ...' if len(layers) > 6 else ''})")
+    return layers[layer_name]
+
+
+@torch.library.custom_op("minivllm::unified_attention_with_output", mutates_args=("output",))
+def unified_attention_with_output(
+    query: Tensor, key: Tensor, value: Tensor, output: Tensor, layer_name: str
+) -> None:
+    """Write this step's keys/values into the layer's paged cache, then attend (vLLM's op of the
+    same name). query/output [num_tokens, num_heads * head_size]; key/value with num_kv_heads."""
+    op = "unified_attention_with_output"
+    _check_like(op, {"query": query, "key": key, "value": value, "output": output})
+    _check(op, output.shape == query.shape,
+           f"`output` has shape {tuple(output.shape)} but `query` has {tuple(query.shape)}")
+    _check(op, key.shape == value.shape and key.shape[0] == query.shape[0],
+           f"`key` {tuple(key.shape)} and `value` {tuple(value.shape)} must match each other and "
+           f"have {query.shape[0]} tokens like `query`")
+    ctx = get_forward_context()
+    layer = _layer(op, layer_name)
+    md = ctx.attn_metadata
+    if md is None:  # dummy run (vLLM's profile run): no cache, no metadata
+        output.zero_()
+        return
+    _check(op, md.num_tokens == query.shape[0],
+           f"the batch has {query.shape[0]} tokens but the attention metadata describes {md.num_tokens}")
+    hd = layer.head_size
+    paged_attention.reshape_and_cache_ref(
+        key.view(-1, layer.num_kv_heads, hd), value.view(-1, layer.num_kv_heads, hd),
+        layer.kv_cache, md.slot_mapping)
+    out = paged_attention.paged_attention_ref(
+        query.view(-1, layer.num_heads, hd), layer.kv_cache, md.query_start_loc, md.seq_lens,
+        md.block_table, layer.scale)
+    output.copy_(out.view_as(output))
+
+
+@unified_attention_with_output.register_fake
+def _(query, key, value, output, layer_name):
+    return None
+
+
+@torch.library.custom_op("minivllm::short_conv", mutates_args=("output",))
+def short_conv(hidden_states: Tensor, output: Tensor, layer_name: str) -> None:
+    """LFM2's gated short convolution as one opaque op (vLLM's `short_conv`):
+    B, C, x = in_proj(h); y = C * causal_conv1d(B * x); output = out_proj(y).
+    The conv state of each sequence lives in the layer's conv_state cache, one line per sequence."""
+    op = "short_conv"
+    _check_like(op, {"hidden_states": hidden_states, "output": output})
+    _check(op, output.shape == hidden_states.shape,
+           f"`output` has shape {tuple(output.shape)} but `hidden_states` has {tuple(hidden_states.shape)}")
+    ctx = get_forward_context()
+    layer = _layer(op, layer_name)
+    md = ctx.attn_metadata
+    if md is None:
+        output.zero_()
+        return
+    b_gate, c_gate, x = F.linear(hidden_states, layer.in_proj.weight).chunk(3, dim=-1)
+    bx = b_gate * x
+    cuda = _use_triton(hidden_states)
+    if md.is_decode_only:  # one new token per sequence: roll each state window by one
+        update = causal_conv1d.causal_conv1d_update if cuda else causal_conv1d.causal_conv1d_update_ref
+        y = update(bx, layer.conv_state, layer.conv_weight, None, None,
+                   conv_state_indices=md.state_indices)
+    else:  # prefill (possibly continuing a cached prefix): varlen over packed sequences
+        fn = causal_conv1d.causal_conv1d_fn if cuda else causal_conv1d.causal_conv1d_fn_ref
+        y = fn(bx.transpose(0, 1).contiguous(), layer.conv_weight, None, layer.conv_state,
+               md.query_start_loc, cache_indices=md.state_indices,
+               has_initial_state=md.context_lens > 0, activation=None).transpose(0, 1)
+    output.copy_(F.linear(c_gate * y, layer.out_proj.weight))
+
+
+@short_conv.register_fake
+def _(hidden_states, output, layer_name):
+    return None

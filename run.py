@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The project's two commands. Each installs whatever is missing, then runs its job:
+
+    python3 run.py tour     the tour: the trained model generates text, every kernel is checked
+    python3 run.py test     the whole test suite, notebooks included (what CI runs)
+
+Outside a virtual environment they make one in .venv (seeing the system's packages, so a torch
+already installed is reused) and re-run themselves inside it. Only the standard library is used
+until the environment is ready.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+# With no torch at all, take the release this project is tested on; a CPU build of it lies on the
+# project's machines. Override with MINIVLLM_TORCH_SPEC (for instance to a CUDA build's pin).
+TORCH_SPEC = os.environ.get("MINIVLLM_TORCH_SPEC", "torch==2.13.0")
+# Each torch build pins the triton it was built with (read from the CUDA wheels' metadata).
+TRITON_FOR_TORCH = {"2.11": "3.6.0", "2.12": "3.7.0", "2.13": "3.7.1", "2.14": "3.8.0"}
+
+
+def sh(*cmd: str) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def in_virtualenv() -> bool:
+    return sys.prefix != sys.base_prefix or "CONDA_PREFIX" in os.environ
+
+
+def ensure_venv() -> None:
+    if in_virtualenv():
+        return
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        sh(sys.executable, "-m", "venv", "--system-site-packages", str(VENV))
+    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+def has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def setuptools_version() -> tuple[int, ...]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return tuple(int(p) for p in version("setuptools").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return (0,)
+
+
+def pip(*args: str) -> None:
+    sh(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args)
+
+
+def ensure_installed() -> None:
+    if not has("torch"):
+        pip(TORCH_SPEC)
+    if platform.system() == "Linux" and not has("triton"):
+        torch_minor = subprocess.run(
+            [sys.executable, "-c", "import torch; print('.'.join(torch.__version__.split('.')[:2]))"],
+            check=True, capture_output=True, text=True).stdout.strip()
+        pin = TRITON_FOR_TORCH.get(torch_minor)
+        pip(f"triton=={pin}" if pin else "triton")
+    # the package itself (editable) with its test and notebook extras; a no-op when all present
+    # (with setuptools at hand, build without an isolated env: no download, no network needed)
+    build = ["--no-build-isolation"] if setuptools_version() >= (68,) else []
+    pip(*build, "-e", f"{ROOT}[test,notebooks]")
+
+
+def main() -> int:
+    jobs = {"tour": [sys.executable, "-m", "minivllm_compile.tour"],
+            "test": [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval-lax",
+                     "--nbval-current-env", "--sanitize-with", "notebooks/sanitize.cfg",
+                     "tests", "notebooks"]}
+    if len(sys.argv) < 2 or sys.argv[1] not in jobs:
+        print(__doc__)
+        return 2
+    ensure_venv()
+    ensure_installed()
+    cmd = jobs[sys.argv[1]] + sys.argv[2:]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

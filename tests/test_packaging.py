@@ -1,0 +1,45 @@
+"""The install story: environment.yml names what pyproject names; kernels/ ships inside the package."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", req.strip(), maxsplit=1)[0].lower()
+
+
+def test_environment_yml_names_the_same_dependencies_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {_name(r) for r in project["dependencies"]}
+    for extra in project["optional-dependencies"].values():
+        wanted |= {_name(r) for r in extra}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    listed = {_name(r) for r in pip_section if not r.startswith("-e")}
+    assert listed == wanted, f"only in pyproject: {wanted - listed}; only in environment.yml: {listed - wanted}"
+    conda = {_name(d) for d in env["dependencies"] if isinstance(d, str)}
+    assert {"python", "pip", "graphviz"} <= conda
+
+
+def test_kernels_ship_inside_the_package_not_as_a_top_level_module():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert project["package-dir"] == {"minivllm_compile.kernels": "kernels"}
+    assert "kernels" not in project["packages"]
+    import minivllm_compile.kernels.layernorm as layernorm
+
+    assert Path(layernorm.__file__).parent.name == "kernels"
+
+
+def test_shipped_checkpoints_are_small_and_have_a_loss_curve():
+    from minivllm_compile.models import CHECKPOINTS, SHIPPED
+
+    for name in SHIPPED:
+        folder = CHECKPOINTS / name
+        assert (folder / "model.safetensors").stat().st_size <= 16 * 2**20
+        for f in ("config.json", "loss.png", "training_log.json"):
+            assert (folder / f).is_file(), f"{name}/{f}"
