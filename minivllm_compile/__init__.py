@@ -1,3 +1,20 @@
 """minivllm_compile: vLLM's compilation system, small enough to read and run on a laptop CPU."""
 
 __version__ = "0.1.0"
+
+from minivllm_compile.config import (
+    CompilationConfig,
+    CompilationMode,
+    DynamicShapesConfig,
+    DynamicShapesType,
+    PassConfig,
+    Range,
+)
+from minivllm_compile.counter import compilation_counter
+from minivllm_compile.decorators import ignore_torch_compile, support_torch_compile
+from minivllm_compile import envs
+
+__all__ = [
+    "CompilationConfig", "CompilationMode", "DynamicShapesConfig", "DynamicShapesType", "PassConfig",
+    "Range", "compilation_counter", "ignore_torch_compile", "support_torch_compile",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm_compile.decorators import support_torch_compile
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding
 
@@ -48,8 +49,10 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
+@support_torch_compile
 class LlamaModel(nn.Module):
-    """The decoder: token ids and positions in, final hidden states out ([num_tokens, hidden])."""
+    """The decoder: token ids and positions in, final hidden states out ([num_tokens, hidden]).
+    Compiled as vLLM compiles its decoders: dim 0 (num_tokens) of both inputs is dynamic."""
 
     def __init__(self, *, cfg: ModelConfig, compilation_config=None, prefix: str = "model"):
         super().__init__()

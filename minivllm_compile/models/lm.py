@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from minivllm_compile.config import CompilationMode
+from minivllm_compile.decorators import stock_torch_compile
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.layers import Attention, ShortConv
@@ -26,6 +28,11 @@ class LM:
         self.model, self.lm_head, self.config = model, lm_head, cfg
         self.tokenizer = ByteTokenizer()
         self.checkpoint_dir = checkpoint_dir
+        # STOCK_TORCH_COMPILE is the model runner's job in vLLM: plain torch.compile of the model
+        cc = getattr(model, "compilation_config", None)
+        self._run_model = model
+        if cc is not None and cc.mode == CompilationMode.STOCK_TORCH_COMPILE:
+            self._run_model = stock_torch_compile(model, cc)
 
     @property
     def device(self) -> torch.device:
@@ -80,7 +87,7 @@ class LM:
                      attn_metadata: AttentionMetadata | None) -> torch.Tensor:
         """One call of the decoder inside its forward context; returns hidden states."""
         with torch.inference_mode(), set_forward_context(attn_metadata, self.model.static_forward_context):
-            return self.model(input_ids, positions)
+            return self._run_model(input_ids, positions)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():

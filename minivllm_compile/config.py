@@ -1,0 +1,152 @@
+"""Compilation settings (vLLM's vllm/config/compilation.py, made small). A bad value fails here, at
+construction, with a message naming the field, rather than deep inside torch later."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+DEFAULT_SPLITTING_OPS = ["minivllm::unified_attention_with_output", "minivllm::short_conv"]
+
+
+class CompilationMode(enum.IntEnum):
+    NONE = 0  # eager
+    STOCK_TORCH_COMPILE = 1  # plain torch.compile: Dynamo's guards kept, recompiles on new shapes
+    DYNAMO_TRACE_ONCE = 2  # one Dynamo trace, guards dropped, the whole graph to Inductor
+    VLLM_COMPILE = 3  # one trace, guards dropped, the graph split and compiled piecewise
+
+
+class DynamicShapesType(str, enum.Enum):
+    BACKED = "backed"  # mark_dynamic: symbols with a hint; Dynamo may specialise (0/1, >= 2)
+    UNBACKED = "unbacked"  # mark_unbacked: no hint, never specialised silently
+    BACKED_SIZE_OBLIVIOUS = "backed_size_oblivious"  # backed, but reasoned about as unbacked
+
+
+@dataclass
+class DynamicShapesConfig:
+    type: DynamicShapesType = DynamicShapesType.BACKED
+    # keep Dynamo's SHAPE_ENV guards and fail on a recompile: finds unexpected specialisations
+    evaluate_guards: bool = False
+    assume_32_bit_indexing: bool = False
+
+    def __post_init__(self):
+        try:
+            self.type = DynamicShapesType(self.type)
+        except ValueError:
+            raise ValueError(f"DynamicShapesConfig.type={self.type!r} is not one of "
+                             f"{[t.value for t in DynamicShapesType]}") from None
+        for name in ("evaluate_guards", "assume_32_bit_indexing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DynamicShapesConfig.{name} must be True or False, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class Range:
+    """An inclusive range of num_tokens, [start, end]."""
+
+    start: int
+    end: int
+
+    def __post_init__(self):
+        if not 1 <= self.start <= self.end:
+            raise ValueError(f"Range needs 1 <= start <= end, got Range({self.start}, {self.end})")
+
+    def is_single_size(self) -> bool:
+        return self.start == self.end
+
+    def __contains__(self, size: int) -> bool:
+        return self.start <= size <= self.end
+
+    def __repr__(self) -> str:
+        return f"Range({self.start}, {self.end})"
+
+
+@dataclass
+class PassConfig:
+    # ours, to measure it: vLLM always runs FixFunctionalizationPass
+    enable_fix_functionalization: bool = True
+    enable_noop: bool = True  # remove no-op reshapes/slices before the other passes
+
+
+@dataclass
+class CompilationConfig:
+    mode: CompilationMode = CompilationMode.VLLM_COMPILE
+    backend: str = "inductor"
+    compile_sizes: list[int] | None = None  # None means [] (the seed's §5 bug cannot happen)
+    compile_ranges_endpoints: list[int] | None = None
+    max_num_batched_tokens: int = 256
+    splitting_ops: list[str] | None = None  # None: the attention and short-conv ops
+    dynamic_shapes_config: DynamicShapesConfig = field(default_factory=DynamicShapesConfig)
+    inductor_compile_config: dict[str, Any] = field(default_factory=dict)
+    pass_config: PassConfig = field(default_factory=PassConfig)
+    enable_layerwise_nvtx_tracing: bool = False
+    cache_dir: str = ""
+    debug_dump_path: str | None = None
+    # filled while Dynamo traces: every source file the graph came from (invalidates the cache)
+    traced_files: set[str] = field(default_factory=set)
+
+    # fields that change what is compiled; the others (paths, what was traced) do not
+    HASH_EXCLUDED = ("cache_dir", "debug_dump_path", "traced_files")
+
+    def __post_init__(self):
+        try:
+            self.mode = CompilationMode(self.mode)
+        except ValueError:
+            raise ValueError(f"CompilationConfig.mode={self.mode!r} is not one of "
+                             f"{[f'{m.name}={m.value}' for m in CompilationMode]}") from None
+        if self.backend not in ("inductor", "eager"):
+            raise ValueError(f"CompilationConfig.backend={self.backend!r}: use 'inductor' or 'eager'")
+        n = self.max_num_batched_tokens
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"CompilationConfig.max_num_batched_tokens must be a positive int, got {n!r}")
+        self.compile_sizes = self._sizes("compile_sizes", self.compile_sizes, upto=n)
+        self.compile_ranges_endpoints = self._sizes("compile_ranges_endpoints",
+                                                    self.compile_ranges_endpoints, upto=n)
+        if self.splitting_ops is None:
+            self.splitting_ops = list(DEFAULT_SPLITTING_OPS)
+        bad = [op for op in self.splitting_ops if not isinstance(op, str) or "::" not in op]
+        if bad:
+            raise ValueError(f"CompilationConfig.splitting_ops {bad}: write each op as 'namespace::name' "
+                             f"or 'namespace::name.overload', e.g. 'minivllm::unified_attention_with_output'")
+        if isinstance(self.dynamic_shapes_config, dict):
+            self.dynamic_shapes_config = DynamicShapesConfig(**self.dynamic_shapes_config)
+        if isinstance(self.pass_config, dict):
+            self.pass_config = PassConfig(**self.pass_config)
+        if not isinstance(self.inductor_compile_config, dict):
+            raise ValueError("CompilationConfig.inductor_compile_config must be a dict of "
+                             f"torch._inductor.config names to values, got {type(self.inductor_compile_config)}")
+        self.traced_files = set(self.traced_files)
+
+    @staticmethod
+    def _sizes(name: str, sizes, upto: int) -> list[int]:
+        sizes = list(sizes or [])
+        bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= upto]
+        if bad:
+            raise ValueError(f"CompilationConfig.{name} {bad}: every entry must be an int in "
+                             f"[1, max_num_batched_tokens={upto}]")
+        return sorted(set(sizes))
+
+    def get_compile_ranges(self) -> list[Range]:
+        """[Range(1, e0), Range(e0+1, e1), ..., Range(e_last+1, max_num_batched_tokens)], as vLLM
+        builds them (it appends max_num_batched_tokens to the endpoints)."""
+        ends = sorted(set(self.compile_ranges_endpoints) | {self.max_num_batched_tokens})
+        return [Range(s + 1, e) for s, e in zip([0, *ends[:-1]], ends)]
+
+    def hash_factors(self) -> dict[str, Any]:
+        factors = {}
+        for f in fields(self):
+            if f.name in self.HASH_EXCLUDED:
+                continue
+            value = getattr(self, f.name)
+            if f.name in ("dynamic_shapes_config", "pass_config"):
+                value = asdict(value)
+            factors[f.name] = value
+        return factors
+
+    def compute_hash(self) -> str:
+        # default=repr: a callable in inductor_compile_config still hashes (by its repr)
+        text = json.dumps(self.hash_factors(), sort_keys=True, default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]

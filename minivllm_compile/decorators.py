@@ -1,0 +1,180 @@
+"""support_torch_compile and ignore_torch_compile (vLLM's compilation/decorators.py; seed §7, §11, §13).
+
+The decorator makes the model class its own TorchCompileWithNoGuardsWrapper. Nothing compiles at
+construction (torch.compile is lazy, §13). The first call marks the num_tokens dimensions dynamic,
+then compiles with torch.compile(dynamic=False, fullgraph=True): every other dimension is a
+constant and only the marked ones become SymInts in the graph (§7). While Dynamo traces, every
+source file it reads is recorded in compilation_config.traced_files (§11).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from typing import Any, Callable, TypeVar
+from unittest.mock import patch
+
+import torch
+from torch import nn
+from torch._dynamo.symbolic_convert import InliningInstructionTranslator
+
+from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
+from minivllm_compile.counter import compilation_counter
+from minivllm_compile.monitor import start_monitoring_torch_compile
+from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, WholeGraphBackend
+
+IGNORE_COMPILE_KEY = "_ignore_compile_minivllm"
+_T = TypeVar("_T", bound=type[nn.Module])
+
+
+def ignore_torch_compile(cls: _T) -> _T:
+    """Run this subclass of a decorated class eagerly (its decorated submodules still compile)."""
+    setattr(cls, IGNORE_COMPILE_KEY, True)
+    return cls
+
+
+def support_torch_compile(
+    cls: _T | None = None,
+    *,
+    dynamic_arg_dims: dict[str, int | list[int]] | None = None,
+    mark_unbacked_dims: dict[str, int | list[int]] | None = None,
+    enable_if: Callable[[CompilationConfig], bool] | None = None,
+) -> Callable[[_T], _T] | _T:
+    """Bare (`@support_torch_compile`), or with `dynamic_arg_dims={"input_ids": 0, ...}`. Without
+    dynamic_arg_dims, dim 0 of every forward argument annotated `torch.Tensor` (or Optional) is
+    dynamic. The decorated class takes `compilation_config=` in its constructor."""
+
+    def decorate(cls: _T) -> _T:
+        if not hasattr(cls, "forward"):
+            raise TypeError(f"{cls.__name__} has no forward method to compile")
+        sig = inspect.signature(cls.forward)
+        dims = dynamic_arg_dims
+        if dims is None:
+            try:  # annotations may be strings (from __future__ import annotations)
+                hints = typing.get_type_hints(cls.forward)
+            except Exception:
+                hints = {k: p.annotation for k, p in sig.parameters.items()}
+            tensor_types = (torch.Tensor, torch.Tensor | None, typing.Optional[torch.Tensor])
+            dims = {k: 0 for k in sig.parameters if hints.get(k) in tensor_types}
+        if not dims:
+            raise ValueError(f"no dynamic dimensions found in {cls.__name__}.forward: annotate its "
+                             "tensor arguments as torch.Tensor or pass dynamic_arg_dims explicitly")
+        for k in [*dims, *(mark_unbacked_dims or {})]:
+            if k not in sig.parameters:
+                raise ValueError(f"argument {k!r} is not a parameter of {cls.__name__}.forward{sig}")
+        return _support_torch_compile(cls, dims, mark_unbacked_dims, enable_if)
+
+    return decorate(cls) if cls is not None else decorate
+
+
+def stock_torch_compile(module: nn.Module, compilation_config: CompilationConfig) -> Callable:
+    """STOCK_TORCH_COMPILE, done by the caller as vLLM's model runner does: plain torch.compile of
+    the whole forward, guards kept (a user's guard_filter_fn too), recompiling on new shapes."""
+    compilation_counter.stock_torch_compile_count += 1
+    cfg = dict(compilation_config.inductor_compile_config)
+    options = {"guard_filter_fn": cfg.pop("guard_filter_fn")} if "guard_filter_fn" in cfg else None
+    backend = WholeGraphBackend(compilation_config.backend, cfg)
+    compiled = torch.compile(module.forward, fullgraph=True, backend=backend, options=options)
+    compiled.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
+    return compiled
+
+
+@functools.cache
+def _compile_patches_supported() -> dict[str, bool]:
+    """Probed once: which of vLLM's compile patches this torch has."""
+    import torch._inductor.config as inductor_config
+    import torch.fx.experimental._config as fx_config
+
+    return {"enable_cpp_symbolic_shape_guards": hasattr(torch._dynamo.config, "enable_cpp_symbolic_shape_guards"),
+            "backed_size_oblivious": hasattr(fx_config, "backed_size_oblivious"),
+            "assume_32bit_indexing": hasattr(inductor_config, "assume_32bit_indexing"),
+            "mark_unbacked_hint_override": "hint_override" in inspect.signature(
+                torch._dynamo.decorators.mark_unbacked).parameters}
+
+
+def _mark_dims(arg: torch.Tensor, dims: list[int], unbacked: bool) -> None:
+    dims = [arg.ndim + d if d < 0 else d for d in dims]
+    if not unbacked:
+        torch._dynamo.mark_dynamic(arg, dims)
+    elif _compile_patches_supported()["mark_unbacked_hint_override"]:
+        for d in dims:  # keep the real size as a hint for Inductor's tuning, as vLLM does
+            torch._dynamo.decorators.mark_unbacked(arg, d, hint_override=arg.shape[d])
+    else:
+        torch._dynamo.decorators.mark_unbacked(arg, dims)
+
+
+def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: dict | None,
+                           enable_if: Callable | None) -> _T:
+    if TorchCompileWithNoGuardsWrapper in cls.__bases__:
+        return cls  # decorated twice
+    # the model becomes its own wrapper: TorchCompileWithNoGuardsWrapper joins its bases
+    cls.__bases__ = cls.__bases__ + (TorchCompileWithNoGuardsWrapper,)
+    setattr(cls, IGNORE_COMPILE_KEY, False)
+    old_init = cls.__init__
+
+    def __init__(self, *args: Any, compilation_config: CompilationConfig | None = None, **kwargs: Any):
+        config = compilation_config or CompilationConfig(mode=CompilationMode.NONE)
+        if "compilation_config" in inspect.signature(old_init).parameters:
+            kwargs["compilation_config"] = config
+        old_init(self, *args, **kwargs)
+        self.compilation_config = config
+        self.do_not_compile = (
+            config.mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE)
+            or getattr(type(self), IGNORE_COMPILE_KEY, False)
+            or (enable_if is not None and not enable_if(config)))
+        if self.do_not_compile:
+            return
+        compilation_counter.num_models_seen += 1
+        self.compiled = False
+        TorchCompileWithNoGuardsWrapper.__init__(self)
+
+    def mark_dynamic_inputs(self, args, kwargs) -> None:
+        bound = inspect.signature(type(self).forward).bind(self, *args, **kwargs)
+        unbacked = self.compilation_config.dynamic_shapes_config.type == DynamicShapesType.UNBACKED
+        for marks, as_unbacked in ((dynamic_arg_dims, unbacked), (mark_unbacked_dims or {}, True)):
+            for name, dims in marks.items():
+                arg = bound.arguments.get(name)
+                if arg is None:
+                    continue
+                if not isinstance(arg, torch.Tensor):
+                    raise ValueError(f"dynamic dims {dims} given for argument {name!r}, which is a "
+                                     f"{type(arg).__name__}, not a tensor")
+                _mark_dims(arg, [dims] if isinstance(dims, int) else list(dims), as_unbacked)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # is_compiling(): we are being traced by an outer compile; just be traced (§13)
+        if self.do_not_compile or torch.compiler.is_compiling():
+            return self.forward(*args, **kwargs)
+        if self.compiled:
+            return TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
+        # the first call: mark dynamic dims, record traced files, apply the compile patches
+        mark_dynamic_inputs(self, args, kwargs)
+        start_monitoring_torch_compile()
+        traced = self.compilation_config.traced_files
+        traced.add(self.original_code_object().co_filename)
+        inline_call = InliningInstructionTranslator.inline_call_
+
+        def patched_inline_call(tracer):  # every function Dynamo inlines passes through here
+            traced.add(tracer.f_code.co_filename)
+            return inline_call(tracer)
+
+        ds = self.compilation_config.dynamic_shapes_config
+        supported = _compile_patches_supported()
+        dynamo_patches = {"enable_cpp_symbolic_shape_guards": False} \
+            if supported["enable_cpp_symbolic_shape_guards"] else {}
+        fx_patches = {"backed_size_oblivious": True} \
+            if ds.type == DynamicShapesType.BACKED_SIZE_OBLIVIOUS else {}
+        inductor_patches = {"assume_32bit_indexing": True} \
+            if ds.assume_32_bit_indexing and supported["assume_32bit_indexing"] else {}
+        with (patch.object(InliningInstructionTranslator, "inline_call_", patched_inline_call),
+              torch._dynamo.config.patch(**dynamo_patches),
+              torch.fx.experimental._config.patch(**fx_patches),
+              torch._inductor.config.patch(**inductor_patches)):
+            output = TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
+        self.compiled = True
+        return output
+
+    cls.__init__ = __init__
+    cls.__call__ = __call__
+    return cls

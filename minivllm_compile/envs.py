@@ -1,0 +1,69 @@
+"""The environment switches, read under vLLM's names so the seed's instructions work verbatim.
+
+Like vLLM's envs.py, a switch is read from os.environ each time it is asked for (a test or a
+notebook can change it between models), always through one parser per switch, and a value that
+does not parse is an error naming the variable and what it accepts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _bool(name: str, default: bool) -> Callable[[], bool]:
+    def read() -> bool:
+        raw = os.environ.get(name)
+        if raw is None:
+            return default
+        value = raw.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ValueError(f"{name}={raw!r} is not a boolean: set it to 1 or 0 (or unset it for "
+                         f"the default, {int(default)})")
+
+    return read
+
+
+def _aot_supported() -> bool:
+    import torch
+
+    return hasattr(torch.compiler, "load_compiled_function")
+
+
+def _cache_root() -> str:
+    return os.path.expanduser(os.environ.get("VLLM_CACHE_ROOT", str(Path("~/.cache/minivllm_compile"))))
+
+
+environment_variables: dict[str, Callable[[], Any]] = {
+    # dispatch to Dynamo's transformed bytecode directly, skipping Dynamo after the first call
+    "VLLM_USE_BYTECODE_HOOK": _bool("VLLM_USE_BYTECODE_HOOK", True),
+    # AOT-compile and save the whole compiled function; default off until the AOT stage exists
+    "VLLM_USE_AOT_COMPILE": _bool("VLLM_USE_AOT_COMPILE", False),
+    "VLLM_FORCE_AOT_LOAD": _bool("VLLM_FORCE_AOT_LOAD", False),
+    "VLLM_USE_MEGA_AOT_ARTIFACT": _bool("VLLM_USE_MEGA_AOT_ARTIFACT", False),
+    "VLLM_DISABLE_COMPILE_CACHE": _bool("VLLM_DISABLE_COMPILE_CACHE", False),
+    # never vLLM's own cache: ~/.cache/minivllm_compile unless set
+    "VLLM_CACHE_ROOT": _cache_root,
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in environment_variables:
+        return environment_variables[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(environment_variables)
+
+
+def compile_factors() -> dict[str, Any]:
+    """The switches that change what gets compiled (part of the cache key)."""
+    return {k: environment_variables[k]() for k in ("VLLM_USE_BYTECODE_HOOK", "VLLM_USE_AOT_COMPILE",
+                                                    "VLLM_USE_MEGA_AOT_ARTIFACT")}

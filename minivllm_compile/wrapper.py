@@ -1,0 +1,227 @@
+"""TorchCompileWithNoGuardsWrapper: torch.compile with Dynamo's guards dropped, and the bytecode
+hook that calls Dynamo's transformed code directly (vLLM's compilation/wrapper.py; seed §2-§4, §8).
+
+A decorated model is its own wrapper (support_torch_compile adds this class to its bases), so
+`self` below is the model. Dynamo traces `forward` once; with every guard dropped that one trace
+serves every later shape. With the hook on, the transformed bytecode Dynamo produced for
+`forward` is captured, and later calls swap it into `forward.__code__` and call `forward` like
+any Python function: Dynamo is never entered again.
+"""
+
+from __future__ import annotations
+
+import ast
+import dis
+import inspect
+import io
+import os
+import sys
+import textwrap
+import weakref
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from types import CodeType
+from typing import Any, Callable
+
+import torch
+import torch._C._dynamo.guards
+
+from minivllm_compile import envs
+from minivllm_compile.config import CompilationMode, DynamicShapesType
+from minivllm_compile.counter import compilation_counter
+from minivllm_compile.monitor import dynamo_transform_time
+
+
+@dataclass
+class GuardRow:
+    """One guard Dynamo offered to guard_filter_fn, and whether it was kept."""
+
+    name: str
+    guard_type: str
+    kept: bool
+
+
+def _drop_all_guards(entries) -> list[bool]:
+    # torch.compiler.skip_all_guards_unsafe where torch has it (2.8+); the same answer otherwise
+    skip = getattr(torch.compiler, "skip_all_guards_unsafe", None)
+    return skip(entries) if skip is not None else [False for _ in entries]
+
+
+def _keep_shape_env_guards(entries) -> list[bool]:
+    return [e.guard_type == "SHAPE_ENV" for e in entries]
+
+
+@contextmanager
+def _compilation_context():
+    """As vLLM around a call that goes through Dynamo: room for recompiles (each new backend
+    instance may cause one), and no GLOBAL_STATE / TORCH_FUNCTION_MODE_STACK guards at all."""
+    gm = torch._C._dynamo.guards.GuardManager
+    saved = (gm.add_global_state_guard, gm.add_torch_function_mode_stack_guard)
+    with torch._dynamo.config.patch(cache_size_limit=2048, accumulated_cache_size_limit=8192):
+        gm.add_global_state_guard = lambda self, *a, **k: None
+        gm.add_torch_function_mode_stack_guard = lambda self, *a, **k: None
+        try:
+            yield
+        finally:
+            gm.add_global_state_guard, gm.add_torch_function_mode_stack_guard = saved
+
+
+class WholeGraphBackend:
+    """The backend for DYNAMO_TRACE_ONCE (and VLLM_COMPILE until the piecewise backend exists):
+    record the Dynamo graph for inspection, then hand it whole to Inductor (or run it eagerly)."""
+
+    def __init__(self, backend: str, inductor_config: dict):
+        self.backend, self.inductor_config = backend, inductor_config
+        self.graphs: list[torch.fx.GraphModule] = []  # one per Dynamo trace (recompiles add more)
+        self.dynamo_time_s: float | None = None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        self.dynamo_time_s = dynamo_transform_time()
+        self.graphs.append(gm)
+        compilation_counter.num_graphs_seen += 1
+        compilation_counter.num_backend_compilations += 1
+        if self.backend == "eager":
+            compilation_counter.num_eager_compiles += 1
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+
+        compilation_counter.num_inductor_compiles += 1
+        return compile_fx(gm, example_inputs, config_patches=self.inductor_config)
+
+
+class TorchCompileWithNoGuardsWrapper:
+    def __init__(self) -> None:
+        cc = self.compilation_config
+        mode, ds = cc.mode, cc.dynamic_shapes_config
+        hook = envs.VLLM_USE_BYTECODE_HOOK
+        if mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
+            raise RuntimeError(f"{mode.name} does not use TorchCompileWithNoGuardsWrapper")
+        # settings that cannot work together fail here, at construction, saying what to change
+        if ds.evaluate_guards and hook:
+            raise ValueError("dynamic_shapes_config.evaluate_guards=True needs VLLM_USE_BYTECODE_HOOK=0: "
+                             "the hook's remove_from_cache would wipe the guards it should evaluate")
+        if ds.type == DynamicShapesType.UNBACKED and hook:
+            raise ValueError("DynamicShapesType.UNBACKED needs VLLM_USE_BYTECODE_HOOK=0: the hook's "
+                             "remove_from_cache forces a fresh trace that loses the unbacked symbols")
+        self.first_compile = True
+        self.guard_table: list[GuardRow] = []
+        self._compiled_bytecode: CodeType | None = None
+        # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here
+        guard_filter = _keep_shape_env_guards if ds.evaluate_guards else _drop_all_guards
+        inductor_config = {k: v for k, v in cc.inductor_compile_config.items() if k != "guard_filter_fn"}
+        self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)
+        self._compiled_callable = torch.compile(
+            self.forward, fullgraph=True, dynamic=False, backend=backend,
+            options={"guard_filter_fn": self._recording(guard_filter)})
+        if hook:
+            # a weak reference, so a registered hook does not keep every model ever built alive
+            ref = weakref.ref(self)
+
+            def hook_fn(old_code: CodeType, new_code: CodeType) -> None:
+                owner = ref()
+                if owner is not None:
+                    owner.bytecode_hook(old_code, new_code)
+
+            handle = torch._dynamo.convert_frame.register_bytecode_hook(hook_fn)
+            weakref.finalize(self, handle.remove)
+
+    @property
+    def captured_graphs(self) -> list[torch.fx.GraphModule]:
+        return self.backend.graphs
+
+    @property
+    def dynamo_time_s(self) -> float | None:
+        return self.backend.dynamo_time_s
+
+    def _recording(self, guard_filter: Callable) -> Callable:
+        def filter_and_record(entries):
+            keep = guard_filter(entries)
+            self.guard_table = [GuardRow(e.name, e.guard_type, k) for e, k in zip(entries, keep)]
+            return keep
+
+        return filter_and_record
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if envs.VLLM_USE_BYTECODE_HOOK:
+            if self._compiled_bytecode is None:
+                # several instances share forward's code object: drop Dynamo's cache entry for it so
+                # this instance gets its own trace, and so its own hook call
+                torch._dynamo.eval_frame.remove_from_cache(self.original_code_object())
+                return self._compiled_callable(*args, **kwargs)
+            with self._dispatch_to_compiled_code():
+                return self.forward(*args, **kwargs)
+        # hook off: every call goes through Dynamo's frame evaluation (guards all dropped, or only
+        # SHAPE_ENV kept under evaluate_guards, where any recompile is an error)
+        stance = nullcontext() if self.first_compile else torch.compiler.set_stance("fail_on_recompile")
+        self.first_compile = False
+        with _compilation_context(), stance:
+            return self._compiled_callable(*args, **kwargs)
+
+    def original_code_object(self) -> CodeType:
+        return self.__class__.forward.__code__
+
+    def bytecode_hook(self, old_code: CodeType, new_code: CodeType) -> None:
+        """Called by Dynamo for every frame it transforms: keep the code made for this instance."""
+        if old_code is not self.original_code_object():
+            return
+        frame = sys._getframe()
+        # walk up to Dynamo's _compile, whose `frame` argument is the frame being compiled
+        while frame is not None and not (frame.f_code.co_name == "_compile"
+                                         and frame.f_code.co_filename.endswith("convert_frame.py")):
+            frame = frame.f_back
+        if frame is None or frame.f_locals["frame"].f_locals.get("self") is not self:
+            return  # another instance of the same class is being compiled
+        self._compiled_bytecode = new_code
+        dump = self.compilation_config.debug_dump_path
+        if dump:
+            path = Path(dump) / "transformed_code.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(decompile(new_code))
+        if "update" in new_code.co_names:
+            raise RuntimeError(buffer_mutation_message(self, new_code))
+
+    @contextmanager
+    def _dispatch_to_compiled_code(self):
+        """Swap Dynamo's transformed bytecode into forward and call it as a plain function. This is
+        sound because Dynamo keeps the transformed code's arguments, cells and free variables
+        identical to the original's."""
+        original = self.original_code_object()
+        self.__class__.forward.__code__ = self._compiled_bytecode
+        try:
+            yield
+        finally:
+            self.__class__.forward.__code__ = original
+
+
+def decompile(code: CodeType) -> str:
+    """Readable source of a code object: depyf's decompiler when installed, else the disassembly."""
+    try:
+        import depyf
+
+        return depyf.decompile(code)
+    except Exception:  # depyf missing, or a construct it cannot decompile
+        out = io.StringIO()
+        dis.dis(code, file=out)
+        return "# depyf unavailable: disassembly instead\n" + out.getvalue()
+
+
+def buffer_mutation_message(module: torch.nn.Module, new_code: CodeType) -> str:
+    """Name the forward lines that assign a buffer, and show the transformed code that replays it."""
+    buffers = {name for name, _ in module.named_buffers(recurse=False)}
+    src_lines, first = inspect.getsourcelines(type(module).forward)
+    file = inspect.getsourcefile(type(module).forward)
+    culprits = []
+    for node in ast.walk(ast.parse(textwrap.dedent("".join(src_lines)))):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
+                    and t.attr in buffers:
+                line = first + node.lineno - 1
+                culprits.append(f"  {os.path.basename(file)}:{line}: {src_lines[node.lineno - 1].strip()}")
+    where = "\n".join(culprits) or "  (no direct `self.<buffer> = ...` found; search the code below)"
+    return ("forward assigns a buffer of the module, which the compiled code replays with `update`: "
+            "with captured graphs (CUDA graphs) the new value would be silently lost. Keep state out of "
+            f"forward or run it eagerly (CompilationMode.NONE). The assignment:\n{where}\n"
+            f"Dynamo's transformed code (search for `update`):\n{decompile(new_code)}")

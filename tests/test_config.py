@@ -1,0 +1,84 @@
+"""CompilationConfig, the environment switches and the counter: bad input fails early and clearly."""
+
+import pytest
+
+from minivllm_compile import (
+    CompilationConfig,
+    CompilationMode,
+    DynamicShapesConfig,
+    DynamicShapesType,
+    Range,
+    compilation_counter,
+    envs,
+)
+
+
+def test_modes_are_vllms_int_enum():
+    assert [m.name for m in CompilationMode] == ["NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE"]
+    assert [int(m) for m in CompilationMode] == [0, 1, 2, 3]
+    assert CompilationConfig(mode=2).mode is CompilationMode.DYNAMO_TRACE_ONCE
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mode=7), "mode=7"),
+    (dict(backend="tvm"), "backend='tvm'"),
+    (dict(compile_sizes=[4, 0]), r"compile_sizes \[0\]"),
+    (dict(compile_sizes=[300], max_num_batched_tokens=256), r"\[1, max_num_batched_tokens=256\]"),
+    (dict(compile_ranges_endpoints=[8.5]), "compile_ranges_endpoints"),
+    (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+    (dict(splitting_ops=["unified_attention"]), "namespace::name"),
+    (dict(dynamic_shapes_config=dict(type="sometimes")), "type='sometimes'"),
+    (dict(dynamic_shapes_config=dict(evaluate_guards="yes")), "evaluate_guards"),
+    (dict(inductor_compile_config=[("max_autotune", True)]), "inductor_compile_config"),
+])
+def test_bad_config_fails_at_construction_naming_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CompilationConfig(**kwargs)
+
+
+def test_compile_ranges_as_vllm_builds_them():
+    cc = CompilationConfig(compile_ranges_endpoints=[32, 8, 8], max_num_batched_tokens=128)
+    assert cc.get_compile_ranges() == [Range(1, 8), Range(9, 32), Range(33, 128)]
+    assert CompilationConfig(max_num_batched_tokens=64).get_compile_ranges() == [Range(1, 64)]
+    assert CompilationConfig(compile_sizes=None).compile_sizes == []
+    r = Range(3, 3)
+    assert r.is_single_size() and 3 in r and 4 not in r
+    with pytest.raises(ValueError, match="start <= end"):
+        Range(5, 2)
+
+
+def test_hash_changes_with_what_is_compiled_not_with_paths():
+    base = CompilationConfig()
+    assert base.compute_hash() == CompilationConfig().compute_hash()
+    assert base.compute_hash() != CompilationConfig(mode=CompilationMode.DYNAMO_TRACE_ONCE).compute_hash()
+    assert base.compute_hash() != CompilationConfig(compile_sizes=[4]).compute_hash()
+    assert base.compute_hash() != CompilationConfig(
+        dynamic_shapes_config=DynamicShapesConfig(type=DynamicShapesType.UNBACKED)).compute_hash()
+    same = CompilationConfig(debug_dump_path="/tmp/x", cache_dir="/tmp/y")
+    same.traced_files.add("/some/file.py")
+    assert same.compute_hash() == base.compute_hash()
+
+
+def test_env_switches_parse_and_refuse_nonsense(monkeypatch):
+    monkeypatch.delenv("VLLM_USE_BYTECODE_HOOK", raising=False)
+    assert envs.VLLM_USE_BYTECODE_HOOK is True  # default on
+    monkeypatch.setenv("VLLM_USE_BYTECODE_HOOK", "0")
+    assert envs.VLLM_USE_BYTECODE_HOOK is False
+    monkeypatch.setenv("VLLM_USE_BYTECODE_HOOK", "maybe")
+    with pytest.raises(ValueError, match="VLLM_USE_BYTECODE_HOOK='maybe' is not a boolean"):
+        envs.VLLM_USE_BYTECODE_HOOK
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "/tmp/mvc")
+    assert envs.VLLM_CACHE_ROOT == "/tmp/mvc"
+    monkeypatch.delenv("VLLM_CACHE_ROOT")
+    assert envs.VLLM_CACHE_ROOT.endswith(".cache/minivllm_compile")  # never vLLM's own cache
+
+
+def test_counter_expect_checks_deltas():
+    with compilation_counter.expect(num_graphs_seen=1, num_models_seen=0):
+        compilation_counter.num_graphs_seen += 1
+    with pytest.raises(AssertionError, match="num_graphs_seen: 0 != 1"):
+        with compilation_counter.expect(num_graphs_seen=1):
+            pass
+    with pytest.raises(ValueError, match="no field"):
+        with compilation_counter.expect(num_graphs=1):
+            pass

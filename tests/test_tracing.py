@@ -1,0 +1,274 @@
+"""Tracing once (seed §2-§4, §7, §8, §11, §13): one Dynamo trace, guards dropped, the bytecode hook."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import minivllm_compile.models.layers as layers_module
+import minivllm_compile.models.llama as llama_module
+from minivllm_compile import (
+    CompilationConfig,
+    CompilationMode,
+    DynamicShapesConfig,
+    DynamicShapesType,
+    compilation_counter,
+    ignore_torch_compile,
+    support_torch_compile,
+)
+from minivllm_compile.decorators import stock_torch_compile
+from minivllm_compile.models import build_model
+from minivllm_compile.monitor import count_dynamo_entries
+
+ONCE = CompilationMode.DYNAMO_TRACE_ONCE
+
+
+@pytest.fixture
+def hook_off(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_BYTECODE_HOOK", "0")
+
+
+@support_torch_compile
+class Branchy(nn.Module):
+    """Takes a different path above 4 tokens: what a guard would notice and we deliberately don't."""
+
+    def __init__(self, *, compilation_config=None):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            return self.lin(x) * 2
+        return self.lin(x)
+
+
+def cfg(mode=ONCE, **kw):
+    return CompilationConfig(mode=mode, backend=kw.pop("backend", "eager"), **kw)
+
+
+def test_one_trace_serves_every_num_tokens_with_inductor():
+    """The tiny Llama, traced once and compiled whole by Inductor, runs 1..64 tokens with no new
+    trace and matches eager."""
+    with compilation_counter.expect(num_models_seen=1, num_graphs_seen=0):
+        lm = build_model("llama", num_layers=2, compilation_config=cfg(backend="inductor"))
+    eager = build_model("llama", num_layers=2)
+    assert not lm.model.compiled  # torch.compile is lazy (§13)
+    g = torch.Generator().manual_seed(0)
+    with compilation_counter.expect(num_graphs_seen=1, num_inductor_compiles=1):
+        for n in [8, *range(1, 65)]:
+            ids = torch.randint(0, 258, (n,), generator=g)
+            torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)),
+                                       atol=1e-4, rtol=1e-4)
+    assert lm.model.compiled
+
+
+def test_mark_dynamic_leaves_one_symint_for_num_tokens():
+    """dynamic=False, yet num_tokens is a SymInt: mark_dynamic overrides it for the marked dims (§7)."""
+    lm = build_model("llama", num_layers=1, compilation_config=cfg())
+    lm(torch.arange(5), torch.arange(5))
+    gm = lm.model.captured_graphs[0]
+    sym = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.SymInt)]
+    assert len(sym) == 2  # one size symbol each for input_ids and positions, nothing else
+    ids = next(n for n in gm.graph.nodes if n.op == "placeholder" and "input_ids" in n.name)
+    shape = ids.meta["example_value"].shape
+    assert isinstance(shape[0], torch.SymInt)
+    hidden = next(n for n in gm.graph.nodes if n.op == "placeholder" and "embed_tokens" in n.name)
+    assert all(isinstance(s, int) for s in hidden.meta["example_value"].shape)  # the rest is static
+
+
+def test_stock_recompiles_on_a_shape_branch_trace_once_does_not():
+    stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE)
+    stock_model = Branchy(compilation_config=stock_cfg)
+    with compilation_counter.expect(num_models_seen=0, stock_torch_compile_count=1):
+        stock = stock_torch_compile(stock_model, stock_cfg)
+    x3 = torch.randn(3, 8)
+    stock(torch.randn(8, 8))
+    stock(x3)
+    assert len(stock.backend.graphs) >= 2  # the guard on x.shape[0] failed: a new trace
+    torch.testing.assert_close(stock(x3), stock_model.lin(x3))  # the right branch
+
+    once = Branchy(compilation_config=cfg())
+    with compilation_counter.expect(num_graphs_seen=1):
+        once(torch.randn(8, 8))
+        out = once(x3)
+    # no guard, no recompile: the traced branch (> 4 tokens) runs for 3 tokens too, as in vLLM
+    torch.testing.assert_close(out, once.lin(x3) * 2)
+
+
+def test_hook_on_never_enters_dynamo_after_the_first_call():
+    m = Branchy(compilation_config=cfg())
+    m(torch.randn(8, 8))
+    assert m._compiled_bytecode is not None
+    with count_dynamo_entries() as entries:
+        for n in range(5, 12):
+            m(torch.randn(n, 8))
+    assert entries.count == 0
+
+
+def test_hook_off_enters_dynamo_on_every_call(hook_off):
+    m = Branchy(compilation_config=cfg())
+    m(torch.randn(8, 8))
+    assert m._compiled_bytecode is None
+    with count_dynamo_entries() as entries, compilation_counter.expect(num_graphs_seen=0):
+        for n in range(5, 12):
+            m(torch.randn(n, 8))
+    assert entries.count == 7
+
+
+def test_two_instances_each_get_their_own_trace():
+    a, b = Branchy(compilation_config=cfg()), Branchy(compilation_config=cfg())
+    x = torch.randn(6, 8)
+    with compilation_counter.expect(num_graphs_seen=2):
+        ya, yb = a(x), b(x)
+    assert a._compiled_bytecode is not None and b._compiled_bytecode is not None
+    torch.testing.assert_close(a(x), a.lin(x) * 2)
+    torch.testing.assert_close(b(x), b.lin(x) * 2)
+    assert not torch.allclose(ya, yb)  # each ran its own weights
+
+
+def test_guards_all_dropped_by_default():
+    m = Branchy(compilation_config=cfg())
+    m(torch.randn(8, 8))
+    types = {row.guard_type for row in m.guard_table}
+    assert "TENSOR_MATCH" in types and "SHAPE_ENV" in types  # what Dynamo offered
+    assert not any(row.kept for row in m.guard_table)
+
+
+def test_evaluate_guards_raises_on_an_unexpected_specialisation(hook_off):
+    m = Branchy(compilation_config=cfg(dynamic_shapes_config=DynamicShapesConfig(evaluate_guards=True)))
+    m(torch.randn(8, 8))
+    assert {r.guard_type for r in m.guard_table if r.kept} == {"SHAPE_ENV"}
+    m(torch.randn(6, 8))  # same side of the branch: no recompile
+    with pytest.raises(RuntimeError, match="recompile"):
+        m(torch.randn(3, 8))
+
+
+@pytest.mark.parametrize("ds", [DynamicShapesConfig(evaluate_guards=True),
+                                DynamicShapesConfig(type=DynamicShapesType.UNBACKED)])
+def test_settings_needing_the_hook_off_are_refused_at_construction(ds, monkeypatch):
+    monkeypatch.delenv("VLLM_USE_BYTECODE_HOOK", raising=False)
+    with pytest.raises(ValueError, match="VLLM_USE_BYTECODE_HOOK=0"):
+        Branchy(compilation_config=cfg(dynamic_shapes_config=ds))
+
+
+def test_user_guard_filter_fn_is_overwritten_outside_stock():
+    """Seed §4: the user's guard_filter_fn is replaced unless the mode is STOCK_TORCH_COMPILE."""
+    calls = []
+
+    def mine(entries):
+        calls.append(len(entries))
+        return [True] * len(entries)
+
+    m = Branchy(compilation_config=cfg(inductor_compile_config={"guard_filter_fn": mine}))
+    m(torch.randn(8, 8))
+    assert calls == [] and not any(r.kept for r in m.guard_table)
+    stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE, inductor_compile_config={"guard_filter_fn": mine})
+    stock_torch_compile(Branchy(compilation_config=stock_cfg), stock_cfg)(torch.randn(8, 8))
+    assert len(calls) == 1 and calls[0] > 0
+
+
+def test_traced_files_include_the_model_and_inlined_helpers():
+    cc = cfg()
+    lm = build_model("llama", num_layers=1, compilation_config=cc)
+    lm(torch.arange(4), torch.arange(4))
+    assert llama_module.__file__ in cc.traced_files  # the decorated forward
+    assert layers_module.__file__ in cc.traced_files  # RMSNorm etc., inlined by Dynamo
+    assert torch.nn.modules.linear.__file__ in cc.traced_files
+
+
+@pytest.mark.parametrize("ds_type", list(DynamicShapesType))
+def test_every_dynamic_shapes_type_compiles_the_llama(ds_type, monkeypatch):
+    if ds_type == DynamicShapesType.UNBACKED:
+        monkeypatch.setenv("VLLM_USE_BYTECODE_HOOK", "0")
+    cc = cfg(dynamic_shapes_config=DynamicShapesConfig(type=ds_type))
+    lm = build_model("llama", num_layers=2, compilation_config=cc)
+    eager = build_model("llama", num_layers=2)
+    with compilation_counter.expect(num_graphs_seen=1):
+        for n in (7, 1, 3, 30):
+            ids = torch.randint(0, 258, (n,))
+            torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)),
+                                       atol=1e-4, rtol=1e-4)
+
+
+def test_hybrid_compiles_once_and_generates_like_eager():
+    lm = build_model("hybrid", num_layers=2, compilation_config=cfg())
+    eager = build_model("hybrid", num_layers=2)
+    prompts = ["def f(x):", "import os\n"]
+    with compilation_counter.expect(num_graphs_seen=1):
+        assert lm.generate(prompts, 8) == eager.generate(prompts, 8)
+
+
+class Counting(nn.Module):
+    def __init__(self, *, compilation_config=None):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls = self.calls + 1
+        return self.lin(x)
+
+
+def test_buffer_mutation_is_refused_and_the_line_named():
+    model = support_torch_compile(type("CountingModel", (Counting,), {}))(compilation_config=cfg())
+    with pytest.raises(RuntimeError, match=r"test_tracing.py:\d+: self.calls = self.calls \+ 1"):
+        model(torch.randn(4, 8))
+
+
+def test_nested_compile_is_traced_not_compiled_again():
+    """is_compiling() (§13): a decorated model inside an outer torch.compile is just traced."""
+    inner = Branchy(compilation_config=cfg())
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    outer = torch.compile(lambda x: inner(x) + 1, backend=backend, fullgraph=True)
+    x = torch.randn(6, 8)
+    with compilation_counter.expect(num_graphs_seen=0):
+        torch.testing.assert_close(outer(x), inner.lin(x) * 2 + 1)
+    assert not inner.compiled and len(seen) == 1
+    assert "linear" in seen[0].code
+
+
+def test_modes_none_and_ignore_do_not_compile():
+    @ignore_torch_compile
+    class Ignored(Branchy):
+        pass
+
+    with compilation_counter.expect(num_models_seen=0, num_graphs_seen=0):
+        for m in (Branchy(compilation_config=cfg(CompilationMode.NONE)), Ignored(compilation_config=cfg())):
+            x = torch.randn(3, 8)
+            torch.testing.assert_close(m(x), m.lin(x))  # eager: the real branch
+            assert m.do_not_compile
+
+
+def test_transformed_code_is_dumped(tmp_path):
+    m = Branchy(compilation_config=cfg(debug_dump_path=str(tmp_path)))
+    m(torch.randn(6, 8))
+    text = (Path(tmp_path) / "transformed_code.py").read_text()
+    assert "__compiled_fn" in text
+
+
+def test_decorator_forms_and_their_errors():
+    class Plain(nn.Module):
+        def forward(self, x, n: int):
+            return x
+
+    with pytest.raises(ValueError, match="no dynamic dimensions"):
+        support_torch_compile(Plain)
+    with pytest.raises(ValueError, match="'y' is not a parameter"):
+        support_torch_compile(dynamic_arg_dims={"y": 0})(Plain)
+    Explicit = support_torch_compile(dynamic_arg_dims={"x": [0, -1]})(
+        type("Explicit", (nn.Module,), {"forward": lambda self, x, n: x * n,
+                                         "__init__": lambda self, **kw: nn.Module.__init__(self)}))
+    m = Explicit(compilation_config=cfg())
+    m(torch.randn(4, 6), 2)
+    ph = [n for n in m.captured_graphs[0].graph.nodes if n.op == "placeholder"]
+    x_shape = next(n for n in ph if "x" in n.name and n.meta.get("example_value") is not None
+                   and isinstance(n.meta["example_value"], torch.Tensor)).meta["example_value"].shape
+    assert all(isinstance(s, torch.SymInt) for s in x_shape)  # both dims marked dynamic
+    assert os.path.basename(__file__) in "".join(m.compilation_config.traced_files)
