@@ -140,7 +140,15 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
                 if not isinstance(arg, torch.Tensor):
                     raise ValueError(f"dynamic dims {dims} given for argument {name!r}, which is a "
                                      f"{type(arg).__name__}, not a tensor")
-                _mark_dims(arg, [dims] if isinstance(dims, int) else list(dims), as_unbacked)
+                dims = [dims] if isinstance(dims, int) else list(dims)
+                small = [d for d in dims if arg.shape[d] < 2]
+                if small and not as_unbacked:
+                    raise ValueError(
+                        f"the first call compiles {type(self).__name__}, and {name!r} has size "
+                        f"{arg.shape[small[0]]} in dynamic dim {small[0]}: Dynamo specialises sizes 0 and 1, "
+                        "so the one trace would only fit that size. Make the first call with at least "
+                        "2 tokens (vLLM compiles during a warm-up run at max_num_batched_tokens).")
+                _mark_dims(arg, dims, as_unbacked)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # is_compiling(): we are being traced by an outer compile; just be traced (§13)

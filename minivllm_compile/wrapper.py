@@ -68,8 +68,9 @@ def _compilation_context():
 
 
 class WholeGraphBackend:
-    """The backend for DYNAMO_TRACE_ONCE (and VLLM_COMPILE until the piecewise backend exists):
-    record the Dynamo graph for inspection, then hand it whole to Inductor (or run it eagerly)."""
+    """The backend for DYNAMO_TRACE_ONCE (and the caller's for STOCK_TORCH_COMPILE): record the
+    Dynamo graph for inspection, then hand it whole to Inductor (or run it eagerly).
+    VLLM_COMPILE uses backends.VllmBackend instead."""
 
     def __init__(self, backend: str, inductor_config: dict):
         self.backend, self.inductor_config = backend, inductor_config
@@ -110,7 +111,12 @@ class TorchCompileWithNoGuardsWrapper:
         # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here
         guard_filter = _keep_shape_env_guards if ds.evaluate_guards else _drop_all_guards
         inductor_config = {k: v for k, v in cc.inductor_compile_config.items() if k != "guard_filter_fn"}
-        self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)
+        if mode == CompilationMode.VLLM_COMPILE:
+            from minivllm_compile.backends import VllmBackend
+
+            self.backend = backend = VllmBackend(cc)
+        else:
+            self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)
         self._compiled_callable = torch.compile(
             self.forward, fullgraph=True, dynamic=False, backend=backend,
             options={"guard_filter_fn": self._recording(guard_filter)})
@@ -148,7 +154,11 @@ class TorchCompileWithNoGuardsWrapper:
                 # several instances share forward's code object: drop Dynamo's cache entry for it so
                 # this instance gets its own trace, and so its own hook call
                 torch._dynamo.eval_frame.remove_from_cache(self.original_code_object())
-                return self._compiled_callable(*args, **kwargs)
+                output = self._compiled_callable(*args, **kwargs)
+                if self._compiled_bytecode is None:  # else every call would trace again
+                    raise RuntimeError("the bytecode hook did not capture Dynamo's transformed code for "
+                                       f"{type(self).__name__}.forward; set VLLM_USE_BYTECODE_HOOK=0")
+                return output
             with self._dispatch_to_compiled_code():
                 return self.forward(*args, **kwargs)
         # hook off: every call goes through Dynamo's frame evaluation (guards all dropped, or only

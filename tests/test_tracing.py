@@ -272,3 +272,17 @@ def test_decorator_forms_and_their_errors():
                    and isinstance(n.meta["example_value"], torch.Tensor)).meta["example_value"].shape
     assert all(isinstance(s, torch.SymInt) for s in x_shape)  # both dims marked dynamic
     assert os.path.basename(__file__) in "".join(m.compilation_config.traced_files)
+
+
+def test_a_first_call_dynamo_would_specialise_is_refused_clearly():
+    m = Branchy(compilation_config=cfg())
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        m(torch.randn(1, 8))
+
+
+def test_lm_compiles_in_a_warmup_run_so_one_token_first_is_fine():
+    lm = build_model("llama", num_layers=1, compilation_config=cfg())
+    eager = build_model("llama", num_layers=1)
+    with compilation_counter.expect(num_graphs_seen=1):
+        torch.testing.assert_close(lm(torch.tensor([7]), torch.tensor([0])), eager(torch.tensor([7]), torch.tensor([0])))
+        torch.testing.assert_close(lm(torch.arange(9), torch.arange(9)), eager(torch.arange(9), torch.arange(9)))

@@ -86,8 +86,21 @@ class LM:
     def forward_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
                      attn_metadata: AttentionMetadata | None) -> torch.Tensor:
         """One call of the decoder inside its forward context; returns hidden states."""
+        if getattr(self.model, "compiled", True) is False:
+            self.warmup()
         with torch.inference_mode(), set_forward_context(attn_metadata, self.model.static_forward_context):
             return self._run_model(input_ids, positions)
+
+    def warmup(self, num_tokens: int | None = None) -> None:
+        """Compile now, as vLLM does before serving: one dummy run at max_num_batched_tokens with no
+        attention metadata (the splitting ops then write zeros), so the trace never sees a size
+        Dynamo would specialise (0 or 1) and no request waits for a compile."""
+        n = num_tokens or min(self.model.compilation_config.max_num_batched_tokens,
+                              self.config.max_position_embeddings)
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.arange(n, device=self.device)
+        with torch.inference_mode(), set_forward_context(None, self.model.static_forward_context):
+            self._run_model(ids, pos)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():

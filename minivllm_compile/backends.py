@@ -1,0 +1,272 @@
+"""VllmBackend: what Dynamo calls, once, in VLLM_COMPILE (vLLM's compilation/backends.py; seed §14).
+
+It splits the Dynamo graph at the splitting ops (attention, short conv), compiles every other
+piece for every compile size and range up front (PiecewiseBackend), and returns the stitching
+graph: at run time it calls the compiled pieces and, between them, the splitting ops eagerly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import operator
+import os
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.passes.split_module import split_module
+
+from minivllm_compile import envs
+from minivllm_compile.compiler_interface import CompiledEntry, make_compiler, timed_compile
+from minivllm_compile.config import CompilationConfig, Range
+from minivllm_compile.counter import compilation_counter
+from minivllm_compile.monitor import dynamo_transform_time
+from minivllm_compile.partition_rules import should_split, warn_unknown_splitting_ops
+from minivllm_compile.piecewise_backend import PiecewiseBackend
+
+logger = logging.getLogger("minivllm_compile")
+
+# ops that only allocate: a piece made of nothing else is not worth compiling on its own
+ALLOCATION_OPS = {torch.empty, torch.empty_like, torch.zeros, torch.zeros_like, torch.empty_strided}
+
+
+@dataclasses.dataclass
+class SplitItem:
+    submod_name: str
+    graph_id: int
+    is_splitting_graph: bool
+    graph: fx.GraphModule
+
+
+def _decompose_size_nodes(gm: fx.GraphModule) -> None:
+    """x.size() -> x.size(0), x.size(1), ...: a torch.Size must not cross a piece boundary (a
+    compiled piece takes tensors and SymInts, not Size objects)."""
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_method" and node.target == "size" and len(node.args) == 1
+                and not node.kwargs and "example_value" in node.meta):
+            continue
+        with gm.graph.inserting_after(node):
+            dims = [gm.graph.call_method("size", (node.args[0], i)) for i in range(len(node.meta["example_value"]))]
+        for d, value in zip(dims, node.meta["example_value"]):
+            d.meta["example_value"] = value
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
+                user.replace_all_uses_with(dims[user.args[1]])
+                gm.graph.erase_node(user)
+            else:
+                user.args = torch.fx.node.map_arg(user.args, lambda a: tuple(dims) if a is node else a)
+        gm.graph.erase_node(node)
+    gm.recompile()
+
+
+def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphModule, list[SplitItem]]:
+    """Cut the graph before and after every splitting op. Rules: a getitem stays with its
+    producer; consecutive splitting ops share one piece; a piece that only allocates joins the
+    piece before it."""
+    _decompose_size_nodes(gm)
+    node_to_id: dict[fx.Node, int] = {}
+    split_ids: set[int] = set()
+    current, in_split = 0, False
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in node_to_id:
+            node_to_id[node] = node_to_id[node.args[0]]
+        elif should_split(node, splitting_ops):
+            if not in_split:
+                current += 1
+                in_split = True
+            node_to_id[node] = current
+            split_ids.add(current)
+        else:
+            if in_split:
+                current += 1
+                in_split = False
+            node_to_id[node] = current
+    # merge allocation-only pieces into their predecessor
+    members: dict[int, list[fx.Node]] = {}
+    for node, i in node_to_id.items():
+        members.setdefault(i, []).append(node)
+    for i, nodes in sorted(members.items()):
+        if i > 0 and i not in split_ids and all(n.target in ALLOCATION_OPS for n in nodes):
+            target = max(j for j in members if j < i and members[j])
+            for n in nodes:
+                node_to_id[n] = target
+            members[target] += nodes
+            members[i] = []
+    # keep_original_order: the in-place ops must run in program order across pieces
+    split_gm = split_module(gm, None, lambda n: node_to_id[n], keep_original_order=True)
+    items = []
+    for name, module in split_gm.named_children():
+        graph_id = int(name.removeprefix("submod_"))
+        items.append(SplitItem(name, graph_id, graph_id in split_ids, module))
+    items.sort(key=lambda it: it.graph_id)
+    return split_gm, items
+
+
+def graph_key(gm: fx.GraphModule) -> str:
+    """A hash of a piece's structure, blind to node names: identical layers give identical keys."""
+    index = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+    def norm(a):
+        return f"%{index[a]}" if isinstance(a, fx.Node) else repr(a)
+
+    rows = []
+    for n in gm.graph.nodes:
+        value = n.meta.get("example_value")
+        meta = (str(value.shape), str(value.stride()), str(value.dtype)) if isinstance(value, torch.Tensor) else repr(value)
+        rows.append((n.op, str(n.target) if n.op != "placeholder" else "", str(torch.fx.node.map_arg(n.args, norm)),
+                     str(torch.fx.node.map_arg(n.kwargs, norm)), meta if n.op == "placeholder" else ""))
+    return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+
+
+class CompilerManager:
+    """Compiles pieces, counts it, and reuses an identical piece's artifact within the process."""
+
+    def __init__(self, compilation_config: CompilationConfig, inductor_config: dict):
+        self.compilation_config = compilation_config
+        self.compiler = make_compiler(compilation_config.backend)
+        self.inductor_config = inductor_config
+        self.entries: list[CompiledEntry] = []
+        self._by_key: dict[tuple[str, Range], CompiledEntry] = {}
+
+    def compile(self, graph: fx.GraphModule, example_inputs: list, compile_range: Range,
+                graph_index: int) -> CompiledEntry:
+        compilation_counter.num_backend_compilations += 1
+        key = (graph_key(graph), compile_range)
+        hit = self._by_key.get(key)
+        if hit is not None:
+            logger.debug("graph %d has the same key as graph %d for %s: reusing it",
+                         graph_index, hit.graph_index, compile_range)
+            entry = dataclasses.replace(hit, graph_index=graph_index, reused_from=hit.graph_index, seconds=0.0)
+        else:
+            manager = self.inductor_config.get("post_grad_custom_post_pass")
+            if hasattr(manager, "set_compile_range"):
+                manager.set_compile_range(compile_range)
+            entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
+                                  compile_range, graph_index)
+            self._by_key[key] = entry
+        self.entries.append(entry)
+        return entry
+
+
+class PiecewiseCompileInterpreter(torch.fx.Interpreter):
+    """Runs the split graph on fake inputs; each piece to compile gets a PiecewiseBackend (which
+    compiles it for every entry right away) in place of its submodule."""
+
+    def __init__(self, split_gm: fx.GraphModule, compile_submod_names: list[str], backend: "VllmBackend"):
+        super().__init__(split_gm)
+        self.compile_submod_names = compile_submod_names
+        self.backend = backend
+        self.extra_traceback = False
+
+    def run(self, *args: Any) -> Any:
+        from torch._guards import detect_fake_mode
+
+        fake_mode = detect_fake_mode(args)
+        fake_args = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in args]
+        with fake_mode, enable_python_dispatcher():
+            return super().run(*fake_args)
+
+    def call_module(self, target, args, kwargs):
+        output = super().call_module(target, args, kwargs)
+        if target in self.compile_submod_names:
+            index = self.compile_submod_names.index(target)
+            sym_shape_indices = [i for i, a in enumerate(args) if isinstance(a, torch.SymInt)]
+            piece = PiecewiseBackend(self.fetch_attr(target), self.backend, index,
+                                     len(self.compile_submod_names), sym_shape_indices)
+            self.backend.piecewise_backends.append(piece)
+            self.module.__dict__[target] = piece  # the stitching graph now calls the backend
+            compilation_counter.num_piecewise_capturable_graphs_seen += 1
+        return output
+
+
+def compute_cache_key(compilation_config: CompilationConfig) -> tuple[str, dict]:
+    """The cache directory's hash, and the factors it came from."""
+    factors = {"config": compilation_config.compute_hash(), "envs": envs.compile_factors(),
+               "torch": torch.__version__,
+               "traced_files": _code_hash(compilation_config.traced_files)}
+    return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()[:10], factors
+
+
+def _code_hash(files: set[str]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(files):
+        h.update(path.encode())
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+class VllmBackend:
+    def __init__(self, compilation_config: CompilationConfig, prefix: str = "backbone"):
+        self.compilation_config = compilation_config
+        self.prefix = prefix
+        self.inductor_config = {k: v for k, v in compilation_config.inductor_compile_config.items()
+                                if k != "guard_filter_fn"}
+        self.compiler_manager = CompilerManager(compilation_config, self.inductor_config)
+        self.graphs: list[fx.GraphModule] = []  # the Dynamo graph (one: Dynamo traces once)
+        self.piecewise_backends: list[PiecewiseBackend] = []
+        self.dynamo_time_s: float | None = None
+        self.cache_dir: str | None = None
+        self.post_grad_pass_manager = None
+
+    def configure_post_pass(self) -> None:
+        """Post-grad passes run inside Inductor, after functionalization (vLLM sets
+        enable_auto_functionalized_v2=False so FixFunctionalizationPass sees v1 nodes)."""
+        if self.compilation_config.backend != "inductor":
+            return
+        from minivllm_compile.passes import PostGradPassManager
+
+        manager = PostGradPassManager()
+        manager.configure(self.compilation_config.pass_config)
+        user_pass = self.inductor_config.get("post_grad_custom_post_pass")
+        if user_pass is not None:
+            manager.add(user_pass)
+        self.post_grad_pass_manager = manager
+        self.inductor_config["post_grad_custom_post_pass"] = manager
+        self.inductor_config.setdefault("enable_auto_functionalized_v2", False)
+
+    def _pick_cache_dir(self) -> str:
+        cc = self.compilation_config
+        key, factors = compute_cache_key(cc)
+        base = cc.cache_dir or os.path.join(envs.VLLM_CACHE_ROOT, "torch_compile_cache", key)
+        local = os.path.join(base, "rank_0_0", self.prefix)
+        self.cache_key_factors = factors
+        return local
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
+        if self.graphs:
+            raise RuntimeError("VllmBackend is called once per model: Dynamo traced it a second time "
+                               "(a guard was kept and failed?)")
+        self.dynamo_time_s = dynamo_transform_time()
+        compilation_counter.num_graphs_seen += 1
+        self.graphs.append(gm)
+        self.cache_dir = self._pick_cache_dir()
+        self.configure_post_pass()
+        cc = self.compilation_config
+        warn_unknown_splitting_ops(cc.splitting_ops)
+        self.graph_before_split = gm.print_readable(print_output=False)
+        self.split_gm, self.piecewise_graphs = split_graph(gm, cc.splitting_ops)
+        compilation_counter.num_piecewise_graphs_seen += len(self.piecewise_graphs)
+        names = [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph]
+        PiecewiseCompileInterpreter(self.split_gm, names, self).run(*example_inputs)
+        self._write_computation_graph()
+        return self.split_gm
+
+    def _write_computation_graph(self) -> None:
+        if envs.VLLM_DISABLE_COMPILE_CACHE:
+            return
+        try:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            path = os.path.join(self.cache_dir, "computation_graph.py")
+            src = self.split_gm.print_readable(print_output=False).replace("<lambda>", "GraphModule")
+            with open(path, "w") as f:
+                f.write("from __future__ import annotations\nimport torch\n" + src)
+        except OSError as e:
+            logger.warning("cannot write to the compile cache %s (%s); continuing without it", self.cache_dir, e)

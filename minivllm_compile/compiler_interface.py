@@ -1,0 +1,119 @@
+"""The compilers a piece can go to (vLLM's compilation/compiler_interface.py).
+
+InductorStandaloneAdaptor uses torch._inductor.standalone_compile: a size entry specialises on its
+concrete example inputs ("from_example_inputs": a static kernel), a range entry keeps the graph's
+symbols ("from_graph": a kernel taking num_tokens as a runtime argument). InductorAdaptor goes
+through compile_fx; outside Dynamo there is no ShapeEnv to check the FX graph cache's guards
+against, so it answers them with AlwaysHitShapeEnv, as vLLM does. EagerAdaptor runs the graph.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from unittest.mock import patch
+
+import torch
+import torch.fx as fx
+
+from minivllm_compile.config import Range
+from minivllm_compile.counter import compilation_counter
+
+
+@dataclass
+class CompiledEntry:
+    """What one compilation produced, kept for inspection."""
+
+    runnable: Callable
+    compile_range: Range
+    graph_index: int
+    seconds: float = 0.0
+    code: list[str] = field(default_factory=list)  # Inductor's generated source (wrapper + kernels)
+    reused_from: int | None = None  # set when an identical earlier piece's artifact was reused
+
+
+@contextmanager
+def capture_output_code(sink: list[str]):
+    """Collect the source Inductor generates (also on an FX-graph-cache hit)."""
+    from torch._inductor.graph import GraphLowering
+
+    with patch.object(GraphLowering, "save_output_code", staticmethod(sink.append)):
+        yield
+
+
+class CompilerInterface:
+    name = "base"
+
+    def compile(self, graph: fx.GraphModule, example_inputs: list, config: dict,
+                compile_range: Range) -> tuple[Callable, list[str]]:
+        raise NotImplementedError
+
+
+class EagerAdaptor(CompilerInterface):
+    name = "eager"
+
+    def compile(self, graph, example_inputs, config, compile_range):
+        compilation_counter.num_eager_compiles += 1
+        return graph, []
+
+
+class InductorStandaloneAdaptor(CompilerInterface):
+    name = "inductor_standalone"
+
+    def compile(self, graph, example_inputs, config, compile_range):
+        compilation_counter.num_inductor_compiles += 1
+        dynamic = "from_example_inputs" if compile_range.is_single_size() else "from_graph"
+        code: list[str] = []
+        with capture_output_code(code):
+            artifact = torch._inductor.standalone_compile(
+                graph, example_inputs, dynamic_shapes=dynamic, options={"config_patches": config})
+        return artifact, code
+
+
+class AlwaysHitShapeEnv:
+    """Stands in for Dynamo's ShapeEnv when the FX graph cache checks a cached entry's guards:
+    vLLM dropped every guard already, so every entry with the right key is a hit."""
+
+    def __init__(self) -> None:
+        self.guards: list[Any] = []
+
+    def evaluate_guards_expression(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def get_pruned_guards(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return []
+
+    def produce_guards_expression(self, *args: Any, **kwargs: Any) -> str:
+        return ""
+
+
+class InductorAdaptor(CompilerInterface):
+    name = "inductor"
+
+    def compile(self, graph, example_inputs, config, compile_range):
+        from torch._inductor.codecache import FxGraphCache
+        from torch._inductor.compile_fx import compile_fx
+
+        compilation_counter.num_inductor_compiles += 1
+        code: list[str] = []
+        with capture_output_code(code), patch.object(FxGraphCache, "_get_shape_env",
+                                                     staticmethod(lambda: AlwaysHitShapeEnv())):
+            compiled = compile_fx(graph, example_inputs, config_patches=config)
+        return compiled, code
+
+
+def make_compiler(backend: str, standalone: bool = True) -> CompilerInterface:
+    if backend == "eager":
+        return EagerAdaptor()
+    if standalone and hasattr(torch._inductor, "standalone_compile"):
+        return InductorStandaloneAdaptor()
+    return InductorAdaptor()
+
+
+def timed_compile(compiler: CompilerInterface, graph, example_inputs, config, compile_range,
+                  graph_index: int) -> CompiledEntry:
+    t0 = time.perf_counter()
+    runnable, code = compiler.compile(graph, example_inputs, config, compile_range)
+    return CompiledEntry(runnable, compile_range, graph_index, time.perf_counter() - t0, code)

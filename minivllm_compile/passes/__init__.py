@@ -1,0 +1,17 @@
+"""Post-grad graph passes run inside Inductor (vLLM's vllm/compilation/passes/)."""
+
+from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
+from minivllm_compile.passes.inductor_pass import (
+    CallableInductorPass,
+    InductorPass,
+    graph_text,
+    is_func,
+)
+from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
+from minivllm_compile.passes.pass_manager import PostGradPassManager
+from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
+
+__all__ = [
+    "CallableInductorPass", "FixFunctionalizationPass", "InductorPass", "NoOpEliminationPass",
+    "PostGradPassManager", "Records", "VllmInductorPass", "graph_text", "is_func",
+]

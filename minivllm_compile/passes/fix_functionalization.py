@@ -1,0 +1,147 @@
+"""`FixFunctionalizationPass` (seed §1; vLLM's passes/utility/fix_functionalization.py).
+
+AOT functionalization turns every in-place custom op into
+    res = auto_functionalized(op, out=buf, input=x, ...)    # v1: Inductor clones `buf` first
+    y = res[1]                                              # the mutated `out`
+Inductor's own reinplacing removes the clone only when it can prove the input dead afterwards;
+a mutated *view* (RoPE on q and k, which are slices of the qkv matmul) it cannot. This pass turns
+the ops it knows back into direct in-place calls, `op(buf, x, ...)`, and points every `res[i]` at
+the argument `i` stands for. It runs last: the graph is no longer functional after it, and an
+in-place call has no users, so a dead-code pass that counts users would delete it.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections import Counter
+from typing import ClassVar
+
+import torch
+from torch import fx
+from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
+
+import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
+from minivllm_compile.passes.inductor_pass import is_func
+from minivllm_compile.passes.vllm_inductor_pass import VllmInductorPass
+
+logger = logging.getLogger(__name__)
+minivllm = torch.ops.minivllm
+
+
+class FixFunctionalizationPass(VllmInductorPass):
+    # op -> {getitem index: mutated argument}. Index 0 is the op's return value (None for all of
+    # these); 1.. are the mutated arguments in schema order. Any other op is left to Inductor.
+    MUTATED_ARGS: ClassVar[dict[torch._ops.OpOverload, dict[int, str]]] = {
+        minivllm.rms_norm.default: {1: "out"},
+        minivllm.fused_add_rms_norm.default: {1: "input", 2: "residual"},
+        minivllm.rotary_embedding.default: {1: "query", 2: "key"},
+        minivllm.fused_qk_norm_rope.default: {1: "qkv"},
+        minivllm.silu_and_mul.default: {1: "out"},
+    }
+
+    @VllmInductorPass.time_and_log
+    def __call__(self, graph: fx.Graph) -> None:
+        self.nodes_to_remove: list[fx.Node] = []
+        self.defunctionalized: Counter[str] = Counter()
+        self.skipped_v2: Counter[str] = Counter()
+        self.skipped_read_later: Counter[str] = Counter()
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        for node in graph.nodes:
+            if is_func(node, auto_functionalized_v2) and node.args[0] in self.MUTATED_ARGS:
+                self.skipped_v2[node.args[0].name()] += 1
+                continue
+            if not is_func(node, auto_functionalized) or node.args[0] not in self.MUTATED_ARGS:
+                continue
+            op = node.args[0]
+            if name := self._read_later(node, order):
+                # an earlier pass (CSE, a fusion) left a reader of the old value: writing in
+                # place would change what it reads. Inductor's clone keeps it right.
+                logger.warning("FixFunctionalizationPass: %s is read after %s; left functional",
+                               node.kwargs[name], node.name)
+                self.skipped_read_later[op.name()] += 1
+                continue
+            if op == minivllm.rotary_embedding.default and self._rope_on_split_views(node, order):
+                self._defunctionalize_rope_on_split_views(graph, node)
+            else:
+                self.defunctionalize(graph, node, self.MUTATED_ARGS[op])
+            self.defunctionalized[op.name()] += 1
+        if self.skipped_v2:
+            logger.warning(
+                "FixFunctionalizationPass handles auto_functionalized (v1) only; left %s as "
+                "auto_functionalized_v2 to Inductor. Compile with "
+                "torch._inductor.config.enable_auto_functionalized_v2=False (as vLLM does).",
+                dict(self.skipped_v2))
+        self.dump_graph(graph, "before_cleanup")
+        doomed = set(self.nodes_to_remove)
+        for node in reversed([n for n in graph.nodes if n in doomed]):  # users before producers
+            graph.erase_node(node)
+        logger.debug("de-functionalized %s, removed %d nodes",
+                     dict(self.defunctionalized), len(self.nodes_to_remove))
+        self.nodes_to_remove = []
+
+    def _read_later(self, node: fx.Node, order: dict[fx.Node, int]) -> str | None:
+        """The first mutated argument some later node reads directly (views are not followed)."""
+        for name in self.MUTATED_ARGS[node.args[0]].values():
+            arg = node.kwargs[name]
+            if isinstance(arg, fx.Node) and any(order.get(u, -1) > order[node] for u in arg.users):
+                return name
+        return None
+
+    def defunctionalize(self, graph: fx.Graph, node: fx.Node, mutated_args: dict[int, str]) -> None:
+        self.replace_users_with_mutated_args(node, mutated_args)
+        self.insert_defunctionalized(graph, node)
+        self.nodes_to_remove.append(node)
+
+    def replace_users_with_mutated_args(self, node: fx.Node, mutated_args: dict[int, str]) -> None:
+        """Each `res[i]` becomes the argument the op mutated in place."""
+        for idx, user in self.getitem_users(node).items():
+            if idx == 0:
+                raise AssertionError(f"{node.args[0]} returns None; nothing reads {node.name}[0]")
+            user.replace_all_uses_with(node.kwargs[mutated_args[idx]])
+            self.nodes_to_remove.append(user)
+
+    @staticmethod
+    def getitem_users(node: fx.Node) -> dict[int, fx.Node]:
+        return {u.args[1]: u for u in node.users if is_func(u, operator.getitem)}
+
+    @staticmethod
+    def insert_defunctionalized(graph: fx.Graph, node: fx.Node) -> fx.Node:
+        """The direct in-place call, before `node`. Positional, in schema order: Inductor's
+        fallback lowering refuses a kwarg named `out` (it takes it for an out= variant)."""
+        op = node.args[0]
+        missing = [a.name for a in op._schema.arguments if a.name not in node.kwargs]
+        if missing:
+            raise AssertionError(f"{node.name}: auto_functionalized lacks {missing} of {op}")
+        with graph.inserting_before(node):
+            args = tuple(node.kwargs[a.name] for a in op._schema.arguments)
+            return graph.call_function(op, args=args)
+
+    # --- RoPE on q and k that are slices of one qkv matmul ------------------------------------
+    # Functionalized, the rotated q and k are scattered back into a copy of qkv:
+    #     q, k, v = split_with_sizes(mm, ...); res = auto_functionalized(rope, query=q, key=k)
+    #     qkv2 = slice_scatter(slice_scatter(mm, res[1], ...), res[2], ...)
+    # In place, RoPE has already written into mm's memory, so qkv2 *is* mm: no scatter copies.
+
+    def _rope_on_split_views(self, node: fx.Node, order: dict[fx.Node, int]) -> bool:
+        q, k = node.kwargs["query"], node.kwargs["key"]
+        if not (isinstance(q, fx.Node) and isinstance(k, fx.Node) and is_func(q, operator.getitem)
+                and is_func(k, operator.getitem) and q.args[0] is k.args[0]
+                and is_func(q.args[0], torch.ops.aten.split_with_sizes.default)):
+            return False
+        mm = q.args[0].args[0]
+        scatters = [u for g in self.getitem_users(node).values() for u in g.users]
+        # ... and nothing but those scatters reads mm after RoPE (it would expect the old q, k)
+        return all(is_func(s, torch.ops.aten.slice_scatter.default)
+                   and (s.args[0] is mm or s.args[0] in scatters) for s in scatters) and all(
+            order.get(u, -1) < order[node] or u in scatters for u in mm.users)
+
+    def _defunctionalize_rope_on_split_views(self, graph: fx.Graph, node: fx.Node) -> None:
+        mm = node.kwargs["query"].args[0].args[0]
+        for getitem in self.getitem_users(node).values():
+            for scatter in list(getitem.users):
+                scatter.replace_all_uses_with(mm)
+                self.nodes_to_remove.append(scatter)
+            self.nodes_to_remove.append(getitem)
+        self.insert_defunctionalized(graph, node)
+        self.nodes_to_remove.append(node)

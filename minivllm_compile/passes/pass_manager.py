@@ -1,0 +1,85 @@
+"""`PostGradPassManager`: the one object Inductor calls after its own post-grad passes
+(vLLM's passes/pass_manager.py). The backend installs it as
+
+    torch._inductor.config.post_grad_custom_post_pass = manager
+    torch._inductor.config.enable_auto_functionalized_v2 = False   # FixFunctionalization reads v1
+
+Order: NoOpElimination -> user passes (`add`) -> FixFunctionalization, always last, so every
+other pass sees a functional graph.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from minivllm_compile.config import PassConfig, Range
+from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
+from minivllm_compile.passes.inductor_pass import CallableInductorPass, InductorPass, graph_text
+from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
+from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
+
+logger = logging.getLogger(__name__)
+
+
+class PostGradPassManager(CustomGraphPass):
+    def __init__(self) -> None:
+        self.passes: list[CustomGraphPass] = []
+        self.fix_functionalization: FixFunctionalizationPass | None = None
+        self.pass_config = PassConfig()
+        self.compile_range: Range | None = None
+        # (stage, graph source) for every pass run, across every graph this manager has seen
+        self.records: Records = []
+
+    def configure(self, pass_config: PassConfig) -> None:
+        self.pass_config = pass_config
+        self.passes = [NoOpEliminationPass(pass_config)] if pass_config.enable_noop else []
+        self.fix_functionalization = None
+        if pass_config.enable_fix_functionalization:
+            self.fix_functionalization = FixFunctionalizationPass(pass_config)
+
+    def add(self, pass_: CustomGraphPass | Callable[[fx.Graph], None]) -> None:
+        """A user pass, run after the default ones and before FixFunctionalization. A plain
+        function is wrapped in CallableInductorPass (its uuid: the hash of its source)."""
+        if not isinstance(pass_, CustomGraphPass):
+            if not callable(pass_):
+                raise TypeError(f"{pass_!r} is neither a CustomGraphPass nor a function of a graph")
+            pass_ = CallableInductorPass(pass_)
+        self.passes.append(pass_)
+
+    def set_compile_range(self, compile_range: Range) -> None:
+        """The num_tokens range the next compile serves (vLLM reads it from a pass context)."""
+        self.compile_range = compile_range
+
+    def all_passes(self) -> list[CustomGraphPass]:
+        return self.passes + ([self.fix_functionalization] if self.fix_functionalization else [])
+
+    def __call__(self, graph: fx.Graph) -> None:
+        for i, pass_ in enumerate(self.all_passes()):
+            applicable = getattr(pass_, "is_applicable_for_range", lambda _: True)
+            if not applicable(self.compile_range):
+                logger.debug("skipping %s for %s", type(pass_).__name__, self.compile_range)
+                continue
+            if isinstance(pass_, VllmInductorPass):  # it records itself (and any inner stages)
+                pass_.records, pass_.dump_prefix = self.records, i
+                pass_(graph)
+            else:
+                name = f"post_grad.{i}.{type(pass_).__name__}"
+                self.records.append((f"{name}.before", graph_text(graph)))
+                pass_(graph)
+                self.records.append((f"{name}.after", graph_text(graph)))
+
+    def uuid(self) -> Any:
+        """Part of Inductor's FX-graph cache key: a changed pass, pass config or compile range
+        must not hit kernels compiled under the old ones."""
+        state = {
+            "pass_config": asdict(self.pass_config),
+            "passes": [p.uuid() for p in self.all_passes()],
+            "compile_range": str(self.compile_range),
+        }
+        return InductorPass.hash_dict(state)

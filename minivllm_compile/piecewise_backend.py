@@ -1,0 +1,112 @@
+"""PiecewiseBackend: one compiled piece of the split graph, compiled for every entry up front, and
+dispatched by num_tokens at run time (vLLM's compilation/piecewise_backend.py; seed §5, §6).
+
+Entries: each compile size is a single-size Range(n, n) compiled on concrete inputs (a static
+kernel); each compile range keeps num_tokens symbolic (a dynamic kernel). A size wins over the
+range containing it. A num_tokens outside every entry is an error: no recompile, no fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from minivllm_compile.compiler_interface import CompiledEntry
+from minivllm_compile.config import Range
+
+if TYPE_CHECKING:
+    from minivllm_compile.backends import VllmBackend
+
+
+@dataclass
+class RangeEntry:
+    compile_range: Range
+    compiled: CompiledEntry | None = None
+
+
+def _concretize(value: Any, size: int) -> Any:
+    """Substitute every symbol in a SymInt expression by `size` (s0 -> 512, 2*s0 -> 1024)."""
+    if isinstance(value, torch.SymInt):
+        expr = value.node.expr
+        return int(expr.subs({s: size for s in expr.free_symbols}))
+    return value
+
+
+def create_concrete_args(graph: fx.GraphModule, size: int) -> list[Any]:
+    """The piece's inputs with num_tokens fixed to `size`: ints for SymInts, and fake tensors with
+    concrete sizes, strides and storage offsets. Inductor specialises on them: a static kernel."""
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    args = []
+    for node in graph.graph.nodes:
+        if node.op != "placeholder":
+            break
+        value = node.meta["example_value"]
+        if isinstance(value, torch.Tensor):
+            shape = [_concretize(d, size) for d in value.shape]
+            stride = [_concretize(d, size) for d in value.stride()]
+            with fake_mode:
+                value = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+        else:
+            value = _concretize(value, size)
+        args.append(value)
+    return args
+
+
+def get_fake_args_from_graph(graph: fx.GraphModule) -> list[Any]:
+    """The piece's inputs exactly as Dynamo traced them: num_tokens stays a symbol, so Inductor
+    generates one kernel taking it as a runtime argument."""
+    return [n.meta["example_value"] for n in graph.graph.nodes if n.op == "placeholder"]
+
+
+class PiecewiseBackend:
+    def __init__(self, graph: fx.GraphModule, vllm_backend: "VllmBackend", piecewise_compile_index: int,
+                 total_piecewise_compiles: int, sym_shape_indices: list[int]):
+        self.graph = graph
+        self.vllm_backend = vllm_backend
+        self.compilation_config = cc = vllm_backend.compilation_config
+        self.piecewise_compile_index = piecewise_compile_index
+        self.total_piecewise_compiles = total_piecewise_compiles
+        self.sym_shape_indices = sym_shape_indices
+        if not sym_shape_indices:
+            raise RuntimeError(f"piece {piecewise_compile_index} takes no num_tokens argument; "
+                               "a piece must depend on the marked dynamic dimension")
+        self.compile_ranges = cc.get_compile_ranges()
+        self.compile_sizes = list(cc.compile_sizes or [])  # None is [] (seed §5's bug: gone)
+        self.range_entries: dict[Range, RangeEntry] = {}
+        for size in self.compile_sizes:  # a size is its own single-size range, winning over its range
+            self.range_entries[Range(size, size)] = RangeEntry(Range(size, size))
+        for r in self.compile_ranges:
+            self.range_entries.setdefault(r, RangeEntry(r))
+        self.compile_all_ranges()
+
+    def compile_all_ranges(self) -> None:
+        """Compile every entry now, at start-up, so no request ever waits for a compile (§5)."""
+        for entry in self.range_entries.values():
+            r = entry.compile_range
+            args = create_concrete_args(self.graph, r.start) if r.is_single_size() \
+                else get_fake_args_from_graph(self.graph)
+            entry.compiled = self.vllm_backend.compiler_manager.compile(
+                self.graph, args, r, graph_index=self.piecewise_compile_index)
+
+    def _find_range_for_shape(self, runtime_shape: int) -> RangeEntry | None:
+        if runtime_shape in self.compile_sizes:
+            return self.range_entries[Range(runtime_shape, runtime_shape)]
+        for r in self.compile_ranges:
+            if runtime_shape in r:
+                return self.range_entries[r]
+        return None
+
+    def __call__(self, *args: Any) -> Any:
+        runtime_shape = args[self.sym_shape_indices[0]]
+        entry = self._find_range_for_shape(runtime_shape)
+        if entry is None:
+            raise ValueError(
+                f"num_tokens={runtime_shape} is outside every compiled entry (sizes "
+                f"{self.compile_sizes}, ranges {self.compile_ranges}); raise max_num_batched_tokens "
+                "or add a compile size/range to the CompilationConfig (nothing is recompiled at run time)")
+        return entry.compiled.runnable(*args)
