@@ -57,7 +57,7 @@ class FixFunctionalizationPass(VllmInductorPass):
             if name := self._read_later(node, order):
                 # an earlier pass (CSE, a fusion) left a reader of the old value: writing in
                 # place would change what it reads. Inductor's clone keeps it right.
-                logger.warning("FixFunctionalizationPass: %s is read after %s; left functional",
+                logger.info("FixFunctionalizationPass: %s is read after %s; left functional",
                                node.kwargs[name], node.name)
                 self.skipped_read_later[op.name()] += 1
                 continue
