@@ -256,8 +256,26 @@ class VllmBackend:
         compilation_counter.num_piecewise_graphs_seen += len(self.piecewise_graphs)
         names = [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph]
         PiecewiseCompileInterpreter(self.split_gm, names, self).run(*example_inputs)
+        if cc.enable_layerwise_nvtx_tracing:
+            self._add_ranges()
         self._write_computation_graph()
         return self.split_gm
+
+    def _add_ranges(self) -> None:
+        """Profiler ranges where Python still runs: around each piece and each splitting op (seed §12)."""
+        from minivllm_compile.nvtx import RangeWrapper
+
+        for it in self.piecewise_graphs:
+            runnable = self.split_gm.__dict__.get(it.submod_name, it.graph)
+            if it.is_splitting_graph:  # name it after the layer its op serves
+                names = [a for n in it.graph.graph.nodes for a in n.args if isinstance(a, str)]
+                label = names[0] if names else it.submod_name
+            else:
+                label = f"piece {self.compile_submod_index(it.submod_name)} (compiled)"
+            self.split_gm.__dict__[it.submod_name] = RangeWrapper(runnable, label)
+
+    def compile_submod_index(self, submod_name: str) -> int:
+        return [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph].index(submod_name)
 
     def _write_computation_graph(self) -> None:
         if envs.VLLM_DISABLE_COMPILE_CACHE:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm_compile.config import CompilationMode
 from minivllm_compile.decorators import support_torch_compile
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding
+from minivllm_compile.nvtx import add_layerwise_hooks
 
 
 class LlamaAttention(nn.Module):
@@ -62,6 +64,9 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(cfg, f"{prefix}.layers.{i}", i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        cc = compilation_config
+        if cc is not None and cc.enable_layerwise_nvtx_tracing and cc.mode == CompilationMode.NONE:
+            add_layerwise_hooks(self.layers, f"{prefix}.layers")  # compiled modes: see nvtx.py
 
     def make_layer(self, cfg: ModelConfig, prefix: str, index: int) -> nn.Module:
         return LlamaDecoderLayer(cfg, prefix, self.static_forward_context)

@@ -1,0 +1,70 @@
+"""Layerwise ranges for profilers (seed §12; vLLM's --enable-layerwise-nvtx-tracing).
+
+On CUDA a range is an NVTX range (Nsight Systems shows it over the kernels it covers); on CPU it
+is a torch.profiler record_function range (the profiler's trace shows it). Where they can go
+depends on what still runs as Python:
+- eager: a pre/post forward hook on every decoder layer;
+- compiled: Dynamo drops profiler ranges inside traced code ("Profiler record function ... will
+  be ignored"), so VLLM_COMPILE puts them where the stitching graph still calls Python: around
+  every compiled piece and every splitting op (named after its layer, e.g.
+  `model.layers.1.self_attn.attn`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+
+def _push(name: str) -> Any:
+    if torch.cuda.is_available():
+        torch.cuda.nvtx.range_push(name)
+        return None
+    return torch.ops.profiler._record_function_enter_new(name, None)
+
+
+def _pop(handle: Any) -> None:
+    if handle is None:
+        torch.cuda.nvtx.range_pop()
+    else:
+        torch.ops.profiler._record_function_exit._RecordFunction(handle)
+
+
+@contextmanager
+def layer_range(name: str) -> Iterator[None]:
+    handle = _push(name)
+    try:
+        yield
+    finally:
+        _pop(handle)
+
+
+def add_layerwise_hooks(layers: nn.ModuleList, prefix: str = "model.layers") -> list:
+    """A range around each layer's forward, for eager runs; returns the hook handles."""
+    handles = []
+    for i, layer in enumerate(layers):
+        stack: list[Any] = []
+
+        def pre(module, args, name=f"{prefix}.{i}", stack=stack):
+            stack.append(_push(name))
+
+        def post(module, args, output, stack=stack):
+            _pop(stack.pop())
+
+        handles += [layer.register_forward_pre_hook(pre), layer.register_forward_hook(post)]
+    return handles
+
+
+class RangeWrapper(nn.Module):
+    """Calls `runnable` inside a named range: how the stitching graph gets ranges around pieces."""
+
+    def __init__(self, runnable: Callable, name: str):
+        super().__init__()
+        self.runnable, self.name = runnable, name
+
+    def forward(self, *args: Any) -> Any:
+        with layer_range(self.name):
+            return self.runnable(*args)

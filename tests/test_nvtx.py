@@ -1,0 +1,30 @@
+"""Layerwise profiler ranges (seed §12): per layer when eager, per piece and splitting op when compiled."""
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from minivllm_compile import CompilationConfig, CompilationMode
+from minivllm_compile.models import build_model
+
+
+def _ranges(lm, n=6):
+    ids = torch.arange(n)
+    lm(ids, ids)  # compile (if compiled) outside the profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        lm(ids, ids)
+    return [e.name for e in prof.events() if e.name.startswith(("model.layers", "piece"))]
+
+
+def test_eager_model_gets_one_range_per_decoder_layer():
+    cc = CompilationConfig(mode=CompilationMode.NONE, enable_layerwise_nvtx_tracing=True)
+    names = _ranges(build_model("llama", num_layers=3, compilation_config=cc))
+    assert names == ["model.layers.0", "model.layers.1", "model.layers.2"]
+    assert _ranges(build_model("llama", num_layers=3)) == []  # off by default
+
+
+def test_piecewise_model_gets_ranges_around_pieces_and_splitting_ops():
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager",
+                           enable_layerwise_nvtx_tracing=True, max_num_batched_tokens=16)
+    names = _ranges(build_model("llama", num_layers=2, compilation_config=cc))
+    assert names == ["piece 0 (compiled)", "model.layers.0.self_attn.attn", "piece 1 (compiled)",
+                     "model.layers.1.self_attn.attn", "piece 2 (compiled)"]
