@@ -104,6 +104,44 @@ class InductorAdaptor(CompilerInterface):
         return compiled, code
 
 
+def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, config: dict | None = None,
+                               dynamic: bool = False) -> str:
+    """The Triton code Inductor writes for `graph`, on a machine with no GPU: codegen only.
+
+    `cpu_backend="triton"` makes Inductor emit Triton for a CPU graph. Two things need a GPU
+    driver: the backend hash Inductor stamps into the code (answered here with a fixed string) and
+    loading the generated module, which compiles the kernels (it fails, after the source has been
+    captured, and nothing is ever launched). Seen working on torch 2.13 with triton 3.7.
+    """
+    import logging
+
+    import warnings
+
+    code: list[str] = []
+    # no autotuning at compile time: it would run the kernels
+    config = {**(config or {}), "cpu_backend": "triton", "fx_graph_cache": False,
+              "triton.autotune_at_compile_time": False}
+    quiet = logging.getLogger("torch._inductor.runtime.triton_heuristics")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the expected load failure would log a long error
+    try:
+        with capture_output_code(code), patch("torch.utils._triton.triton_hash_with_backend",
+                                              lambda: "codegen-only"), \
+                warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # "Generated kernels will not be executable": we know
+            torch._inductor.standalone_compile(
+                graph, example_inputs, dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
+                options={"config_patches": config})
+    except Exception:  # loading the module needs a driver: expected without a GPU
+        pass
+    finally:
+        quiet.setLevel(level)
+    source = "\n".join(c for c in code if "@triton.jit" in c)
+    if not source:
+        raise RuntimeError("Inductor produced no Triton source for this graph (is triton installed?)")
+    return source
+
+
 def make_compiler(backend: str, standalone: bool = True) -> CompilerInterface:
     if backend == "eager":
         return EagerAdaptor()

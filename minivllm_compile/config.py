@@ -41,6 +41,9 @@ class DynamicShapesConfig:
         for name in ("evaluate_guards", "assume_32_bit_indexing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DynamicShapesConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.type == DynamicShapesType.UNBACKED and self.evaluate_guards:
+            raise ValueError("DynamicShapesConfig(type=UNBACKED, evaluate_guards=True): unbacked symbols "
+                             "add no shape guards to evaluate; use BACKED to look for specialisations")
 
 
 @dataclass(frozen=True)

@@ -162,8 +162,10 @@ class TorchCompileWithNoGuardsWrapper:
             with self._dispatch_to_compiled_code():
                 return self.forward(*args, **kwargs)
         # hook off: every call goes through Dynamo's frame evaluation (guards all dropped, or only
-        # SHAPE_ENV kept under evaluate_guards, where any recompile is an error)
-        stance = nullcontext() if self.first_compile else torch.compiler.set_stance("fail_on_recompile")
+        # SHAPE_ENV kept under evaluate_guards, where any recompile after the first is an error)
+        evaluate = self.compilation_config.dynamic_shapes_config.evaluate_guards
+        stance = nullcontext() if self.first_compile or not evaluate \
+            else torch.compiler.set_stance("fail_on_recompile")
         self.first_compile = False
         with _compilation_context(), stance:
             return self._compiled_callable(*args, **kwargs)
@@ -182,14 +184,14 @@ class TorchCompileWithNoGuardsWrapper:
             frame = frame.f_back
         if frame is None or frame.f_locals["frame"].f_locals.get("self") is not self:
             return  # another instance of the same class is being compiled
-        self._compiled_bytecode = new_code
         dump = self.compilation_config.debug_dump_path
         if dump:
             path = Path(dump) / "transformed_code.py"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(decompile(new_code))
-        if "update" in new_code.co_names:
+        if "update" in new_code.co_names:  # checked before keeping the code: a retry must not run it
             raise RuntimeError(buffer_mutation_message(self, new_code))
+        self._compiled_bytecode = new_code
 
     @contextmanager
     def _dispatch_to_compiled_code(self):

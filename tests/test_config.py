@@ -82,3 +82,8 @@ def test_counter_expect_checks_deltas():
     with pytest.raises(ValueError, match="no field"):
         with compilation_counter.expect(num_graphs=1):
             pass
+
+
+def test_unbacked_with_evaluate_guards_is_refused():
+    with pytest.raises(ValueError, match="unbacked symbols add no shape guards"):
+        DynamicShapesConfig(type=DynamicShapesType.UNBACKED, evaluate_guards=True)

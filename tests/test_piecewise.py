@@ -217,3 +217,18 @@ def test_should_split_formats_and_unknown_names(caplog):
         assert warn_unknown_splitting_ops(["minivllm::short_comv", "minivllm::short_conv"]) == ["minivllm::short_comv"]
         warn_unknown_splitting_ops(["minivllm::short_comv"])
     assert sum("short_comv" in r.message for r in caplog.records) == 1  # warned once
+
+
+def test_triton_source_is_written_on_cpu_without_a_gpu():
+    """Inductor writes Triton for a CPU graph in codegen-only mode; static for a size (the
+    element count is a constant), symbolic for a range (it is computed from num_tokens)."""
+    from minivllm_compile.compiler_interface import triton_source_codegen_only
+
+    lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager"))
+    lm(torch.arange(6), torch.arange(6))
+    piece = lm.model.backend.piecewise_backends[0].graph  # holds the embedding lookup
+    static = triton_source_codegen_only(piece, create_concrete_args(piece, 8))
+    dynamic = triton_source_codegen_only(piece, get_fake_args_from_graph(piece), dynamic=True)
+    assert "@triton.jit" in static and "@triton.jit" in dynamic
+    assert "xnumel = 768" in static  # 8 tokens x hidden 96
+    assert re.search(r"xnumel = 96\*s\d+", dynamic)

@@ -286,3 +286,11 @@ def test_lm_compiles_in_a_warmup_run_so_one_token_first_is_fine():
     with compilation_counter.expect(num_graphs_seen=1):
         torch.testing.assert_close(lm(torch.tensor([7]), torch.tensor([0])), eager(torch.tensor([7]), torch.tensor([0])))
         torch.testing.assert_close(lm(torch.arange(9), torch.arange(9)), eager(torch.arange(9), torch.arange(9)))
+
+
+def test_a_refused_buffer_mutation_stays_refused():
+    model = support_torch_compile(type("CountingModel2", (Counting,), {}))(compilation_config=cfg())
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="assigns a buffer"):
+            model(torch.randn(4, 8))
+    assert model._compiled_bytecode is None

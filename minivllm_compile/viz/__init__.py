@@ -1,0 +1,29 @@
+"""Notebook views: they read what the core records (graphs, split items, compiled entries and
+their generated code) and draw or tabulate it. The core never imports this package."""
+
+from minivllm_compile.viz.boxes import render_boxes
+from minivllm_compile.viz.graphs import (
+    describe,
+    draw_graph,
+    graph_table,
+    op_label,
+    piece_of_node,
+    piece_summary,
+    render_dot,
+    short_name,
+    table_text,
+    to_dot,
+)
+from minivllm_compile.viz.kernels import (
+    calls_in,
+    inductor_source,
+    kernel_signatures,
+    kernel_sources,
+    triton_codegen_available,
+)
+
+__all__ = [
+    "calls_in", "describe", "draw_graph", "graph_table", "inductor_source", "kernel_signatures",
+    "kernel_sources", "op_label", "piece_of_node", "piece_summary", "render_boxes", "render_dot",
+    "short_name", "table_text", "to_dot", "triton_codegen_available",
+]

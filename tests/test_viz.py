@@ -1,0 +1,167 @@
+"""viz/: tables and pictures of graphs and pieces, and readers of Inductor's generated code."""
+
+import re
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+import torch.fx as fx
+
+import minivllm_compile
+from minivllm_compile import CompilationConfig, CompilationMode, viz
+from minivllm_compile.models import build_model
+
+PNG = b"\x89PNG\r\n\x1a\n"
+REAL_DOT = shutil.which("dot")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    """The VllmBackend of a 1-layer Llama split at attention (eager pieces: the split is the subject)."""
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager", compile_sizes=[4],
+                           compile_ranges_endpoints=[8], max_num_batched_tokens=16)
+    lm = build_model("llama", num_layers=1, compilation_config=cc)
+    lm(torch.arange(6), torch.arange(6))
+    return lm.model.backend
+
+
+def test_the_core_never_imports_viz():
+    root = Path(minivllm_compile.__file__).parent
+    for path in root.rglob("*.py"):
+        if "viz" not in path.relative_to(root).parts:
+            assert not re.search(r"\bviz\b", path.read_text()), f"{path} mentions viz"
+
+
+def test_graph_table_shows_symbolic_and_static_dims(backend):
+    rows = viz.graph_table(backend.graphs[0])
+    by_node = {r["node"]: r for r in rows}
+    assert by_node["embed_tokens.weight"]["shape"] == "f32[258, 96]"  # inputs get short names
+    assert any(re.fullmatch(r"Sym\(s\d+\)", r["shape"]) for r in rows)
+    attention = [r for r in rows if r["target"] == "minivllm.unified_attention_with_output"]
+    assert len(attention) == 1 and attention[0]["op"] == "call_function"
+    text = viz.table_text(rows)
+    assert text.splitlines()[0].split() == ["node", "op", "target", "shape"]
+    assert len(text.splitlines()) == len(rows) + 1
+    assert viz.short_name("l_self_modules_layers_modules_0_modules_mlp_modules_gate_up_proj_parameters_weight_") \
+        == "layers.0.mlp.gate_up_proj.weight"
+
+
+def test_piece_summary_and_piece_of_node(backend):
+    rows = viz.piece_summary(backend)
+    assert [r["splitting"] for r in rows] == [False, True, False]
+    assert rows[1]["ops"] == ["minivllm.unified_attention_with_output"]
+    assert rows[0]["entries"] == ["Range(4, 4)", "Range(1, 8)", "Range(9, 16)"] and "entries" not in rows[1]
+    where = viz.piece_of_node(backend.graphs[0], backend)
+    calls = [n for n in backend.graphs[0].graph.nodes if n.op not in ("placeholder", "output")]
+    assert set(where) == set(calls)
+    attention = next(n for n in calls if "unified_attention" in str(n.target))
+    assert where[attention].is_splitting_graph and where[calls[0]].submod_name == "submod_0"
+    assert viz.piece_of_node(backend.graphs[0], backend.piecewise_graphs[:1]) == {}  # not the graph's pieces
+
+
+def test_dot_text_for_pieces_and_nodes(backend):
+    dot = viz.to_dot(backend)
+    assert dot.startswith("digraph G {") and dot.endswith("}") and dot.count("{") == dot.count("}")
+    for name in ("submod_0", "submod_1", "submod_2"):
+        assert f'"{name}" [label="{name} · ' in dot
+    fill = viz.boxes.COLOURS["splitting"][0]
+    assert re.search(rf'"submod_1" \[label="submod_1 · splitting[^\]]*fillcolor="{fill}"', dot)
+    assert '"submod_0" -> "submod_2";' in dot  # data: the residual and the attention output buffer
+    assert '"submod_1" -> "submod_2" [style=dashed];' in dot  # attention writes in place: order only
+    nodes = viz.to_dot(backend.graphs[0], backend, title='a "quoted" title')
+    assert nodes.count("subgraph cluster_") == 3 and 'label="a \\"quoted\\" title"' in nodes
+
+
+def test_matplotlib_fallback_draws_pieces_and_nodes(backend, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    pieces = viz.draw_graph(backend)
+    assert pieces.data.startswith(PNG) and len(pieces.data) > 5000
+    nodes = viz.draw_graph(backend.graphs[0], backend, fmt="svg")
+    assert "<svg" in nodes.data and "minivllm.unified_attention_with_output" in nodes.data
+    assert viz.draw_graph(backend.piecewise_graphs[0].graph, renderer="matplotlib").data.startswith(PNG)
+    with pytest.raises(FileNotFoundError, match="dot"):
+        viz.draw_graph(backend, renderer="dot")
+    with pytest.raises(ValueError, match="fmt"):
+        viz.draw_graph(backend, fmt="jpg")
+
+
+def test_dot_renderer_pipes_the_dot_text(backend, monkeypatch, tmp_path):
+    """A stand-in `dot` records its arguments and input; with Graphviz installed, the real one too."""
+    fake = tmp_path / "dot"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncat > {tmp_path}/input\nprintf "PNGDATA"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: str(fake) if name == "dot" else None)
+    out = viz.draw_graph(backend)
+    assert out.data == b"PNGDATA"
+    assert (tmp_path / "args").read_text().split() == ["-Tpng"]
+    assert (tmp_path / "input").read_text() == viz.to_dot(backend)
+    if REAL_DOT is not None:
+        monkeypatch.setattr(shutil, "which", lambda name, *a, **k: REAL_DOT if name == "dot" else None)
+        assert viz.draw_graph(backend).data.startswith(PNG)
+        assert b"<svg" in viz.render_dot(viz.to_dot(backend.graphs[0], backend), "svg")
+
+
+CODE = """
+cpp_fused_add_0 = async_compile.cpp_pybinding(['const float*', 'float*', 'const int64_t'], r'''
+#include <torch/csrc/inductor/cpp_prefix.h>
+extern "C"  void  kernel(const float* in_ptr0,
+                       float* out_ptr0,
+                       const int64_t ks0)
+{
+    for(int64_t x0=0; x0<ks0; x0++) { out_ptr0[x0] = in_ptr0[x0] + 1; }
+}
+''')
+triton_poi_fused_mul_1 = async_compile.triton('triton_poi_fused_mul_1', '''
+import triton
+@triton_heuristics.pointwise(size_hints={'x': 16})
+@triton.jit
+def triton_poi_fused_mul_1(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xnumel = 384
+''', device_str='cpu')
+
+class Runner:
+    def call(self, args):
+        cpp_fused_add_0(arg0_1, buf0, s72)
+        extern_kernels.mm(buf0, arg1_1, out=buf1)
+        torch.ops.minivllm.rms_norm.default(buf2, buf1, arg2_1, 1e-05)
+        extern_kernels.mm(buf2, arg1_1, out=buf3)
+        triton_poi_fused_mul_1.run(buf3, buf4, 384, stream=stream0)
+        return (buf4, )
+
+runner = Runner(partitions=[])
+"""
+
+
+def test_reading_generated_code():
+    assert viz.kernel_signatures(CODE) == [
+        "cpp_fused_add_0(const float* in_ptr0, float* out_ptr0, const int64_t ks0)",
+        "triton_poi_fused_mul_1(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr)"]
+    sources = viz.kernel_sources(CODE)
+    assert sources["cpp_fused_add_0"].startswith('extern "C"')
+    assert sources["triton_poi_fused_mul_1"].startswith("@triton.jit") and "xnumel = 384" in sources["triton_poi_fused_mul_1"]
+    calls = viz.calls_in(CODE)
+    assert calls["fused"] == {"cpp_fused_add_0": 1, "triton_poi_fused_mul_1": 1}
+    assert calls["extern"] == {"extern_kernels.mm": 2}
+    assert calls["ops"] == {"torch.ops.minivllm.rms_norm.default": 1}
+
+
+def _toy() -> fx.GraphModule:
+    return fx.symbolic_trace(lambda x, w: torch.relu(x * w).sum(-1))
+
+
+def test_inductor_source_is_generated_only():
+    """C++ source and, with Triton installed, Triton source for a CPU graph: written, never built or
+    run (no GPU here: the backend hash Inductor asks Triton's driver for is answered for it)."""
+    args = [torch.randn(8, 32), torch.randn(32)]
+    cpp = viz.inductor_source(_toy(), args, cpu_backend="cpp")
+    assert [s.split("(")[0] for s in viz.kernel_signatures(cpp)] == ["cpp_fused_mul_relu_sum_0"]
+    if not viz.triton_codegen_available():
+        with pytest.raises(RuntimeError, match="triton"):
+            viz.inductor_source(_toy(), args)
+        return
+    src = viz.inductor_source(_toy(), args)
+    (name, kernel), = viz.kernel_sources(src).items()
+    assert name.startswith("triton_") and "tl.load" in kernel and "xnumel = 8" in kernel
+    assert viz.calls_in(src)["fused"] == {name: 1}
