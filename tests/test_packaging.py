@@ -33,6 +33,9 @@ def test_kernels_ship_inside_the_package_not_as_a_top_level_module():
     import minivllm_compile.kernels.layernorm as layernorm
 
     assert Path(layernorm.__file__).parent.name == "kernels"
+    # every subpackage on disk is listed, or a non-editable install would lack it
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minivllm_compile").rglob("__init__.py")}
+    assert on_disk | {"minivllm_compile.kernels"} == set(project["packages"])
 
 
 def test_shipped_checkpoints_are_small_and_have_a_loss_curve():

@@ -14,16 +14,10 @@ from minivllm_compile.viz.graphs import (
     table_text,
     to_dot,
 )
-from minivllm_compile.viz.kernels import (
-    calls_in,
-    inductor_source,
-    kernel_signatures,
-    kernel_sources,
-    triton_codegen_available,
-)
+from minivllm_compile.viz.kernels import calls_in, kernel_signatures, kernel_sources
 
 __all__ = [
-    "calls_in", "describe", "draw_graph", "graph_table", "inductor_source", "kernel_signatures",
-    "kernel_sources", "op_label", "piece_of_node", "piece_summary", "render_boxes", "render_dot",
-    "short_name", "table_text", "to_dot", "triton_codegen_available",
+    "calls_in", "describe", "draw_graph", "graph_table", "kernel_signatures", "kernel_sources",
+    "op_label", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
+    "table_text", "to_dot",
 ]

@@ -34,7 +34,7 @@ def op_label(node: fx.Node) -> str:
 
 
 def describe(value: Any) -> str:
-    """`f32[s72, 96]` for a tensor, `Sym(s72)` for a SymInt, '' for None."""
+    """`f32[s72, 96]` for a tensor, `Sym(s72)` for a SymInt, a number as itself, '' for None."""
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.").replace("float", "f").replace("int", "i")
         return f"{dtype}[{', '.join(str(d) for d in value.shape)}]"
@@ -42,6 +42,8 @@ def describe(value: Any) -> str:
         return f"Sym({value})"
     if isinstance(value, (tuple, list)):
         return "(" + ", ".join(describe(v) for v in value) + ")"
+    if isinstance(value, (bool, int, float)):
+        return repr(value)
     return "" if value is None else type(value).__name__
 
 

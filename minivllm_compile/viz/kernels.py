@@ -1,23 +1,16 @@
-"""What Inductor generated, read from its source (CompiledEntry.code): the kernels and their
-signatures, what the wrapper's `call()` runs, and Inductor's source for a graph generated only,
-e.g. Triton for a CPU graph on a machine without a GPU (notebooks 07, 08).
+"""What Inductor generated, read from its source (`CompiledEntry.code`, or any source captured
+with `compiler_interface.capture_output_code`): the kernels, their signatures, and what the
+wrapper's `call()` runs (notebooks 07, 08).
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 from collections import Counter
-from contextlib import ExitStack
-from typing import Any
-from unittest.mock import patch
-
-import torch
-import torch._functorch.config
-import torch.fx as fx
 
 # `name = async_compile.cpp_pybinding([...], r'''<C++>''')` or `async_compile.triton('name', '''<py>''')`
-_KERNEL = re.compile(r"^(\w+) = async_compile\.(cpp_pybinding|triton)\(.*?'{3}(.*?)'{3}", re.MULTILINE | re.DOTALL)
+_KERNEL = re.compile(r"^(\w+) = async_compile\.(cpp_pybinding|triton)\(.*?'{3}(.*?)'{3}",
+                     re.MULTILINE | re.DOTALL)
 
 
 def kernel_sources(code: str) -> dict[str, str]:
@@ -54,65 +47,3 @@ def calls_in(code: str) -> dict[str, Counter]:
         "extern": Counter(f"extern_kernels.{m}" for m in re.findall(r"\bextern_kernels\.(\w+)\(", body)),
         "ops": Counter(re.findall(r"\b(torch\.ops\.\w+\.\w+\.\w+|aten\.\w+\.\w+)\(", body)),
     }
-
-
-def triton_codegen_available() -> bool:
-    """Triton is installed, so Inductor can write Triton for a CPU graph (cpu_backend='triton')."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-class _SourceWritten(Exception):
-    pass
-
-
-def _driver_missing() -> bool:
-    from triton.runtime import driver
-
-    try:
-        driver.active.get_current_target()
-    except RuntimeError:  # "0 active drivers": no GPU (and no Triton CPU backend)
-        return True
-    return False
-
-
-def inductor_source(gm: fx.GraphModule, example_inputs: list[Any], *, cpu_backend: str = "triton",
-                    config_patches: dict[str, Any] | None = None) -> str:
-    """Inductor's source for `gm`, generated only: the compile stops the moment the source is
-    written, so no kernel is compiled or launched. With cpu_backend="triton" a CPU graph gets
-    Triton kernels. Without a GPU, Triton has no active driver to ask for the backend hash that
-    Inductor writes into each kernel's metadata; a placeholder answers, which is safe only
-    because nothing generated here ever runs."""
-    import torch.utils._triton as torch_triton
-    from torch._inductor.compile_fx import compile_fx
-    from torch._inductor.graph import GraphLowering
-
-    if cpu_backend == "triton" and not triton_codegen_available():
-        raise RuntimeError("cpu_backend='triton' needs the triton package")
-    sink: list[str] = []
-
-    def save(code: str) -> None:
-        sink.append(code)
-        raise _SourceWritten
-
-    # no cache (a hit would skip codegen); no compile-time autotuning (it would run the kernels)
-    config = {**(config_patches or {}), "cpu_backend": cpu_backend, "fx_graph_cache": False,
-              "triton.autotune_at_compile_time": False}
-    with ExitStack() as stack, warnings.catch_warnings(), torch.no_grad():
-        warnings.filterwarnings("ignore", message="Could not find an active CPU backend")
-        stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
-        stack.enter_context(patch.object(GraphLowering, "save_output_code", staticmethod(save)))
-        if cpu_backend == "triton" and _driver_missing():
-            answer = patch.object(torch_triton, "triton_hash_with_backend", lambda: "codegen-only")
-            stack.enter_context(answer)
-        try:
-            compile_fx(gm, example_inputs, config_patches=config)
-        except Exception:
-            if not sink:
-                raise
-    if not sink:
-        raise RuntimeError("Inductor finished without writing its source")
-    return sink[0]
