@@ -1,11 +1,12 @@
 """Layerwise ranges for profilers (seed §12; vLLM's --enable-layerwise-nvtx-tracing).
 
-On CUDA a range is an NVTX range (Nsight Systems shows it over the kernels it covers); on CPU it
-is a torch.profiler record_function range (the profiler's trace shows it). Where they can go
+Every range is a torch.profiler record_function range (the profiler's trace shows it), and on CUDA
+also an NVTX range (Nsight Systems shows it over the kernels it covers). Where they can go
 depends on what still runs as Python:
 - eager: a pre/post forward hook on every decoder layer;
-- compiled: Dynamo drops profiler ranges inside traced code ("Profiler record function ... will
-  be ignored"), so VLLM_COMPILE puts them where the stitching graph still calls Python: around
+- compiled: Dynamo drops torch.profiler.record_function inside traced code ("Profiler record
+  function ... will be ignored", and a raw enter op is a graph break), so VLLM_COMPILE puts them
+  where the stitching graph still calls Python: around
   every compiled piece and every splitting op (named after its layer, e.g.
   `model.layers.1.self_attn.attn`).
 """
@@ -20,17 +21,16 @@ from torch import nn
 
 
 def _push(name: str) -> Any:
+    # always a profiler range (torch.profiler sees it on any device), and NVTX too on CUDA
     if torch.cuda.is_available():
         torch.cuda.nvtx.range_push(name)
-        return None
     return torch.ops.profiler._record_function_enter_new(name, None)
 
 
 def _pop(handle: Any) -> None:
-    if handle is None:
+    torch.ops.profiler._record_function_exit._RecordFunction(handle)
+    if torch.cuda.is_available():
         torch.cuda.nvtx.range_pop()
-    else:
-        torch.ops.profiler._record_function_exit._RecordFunction(handle)
 
 
 @contextmanager
