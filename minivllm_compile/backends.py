@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import operator
-import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.passes.split_module import split_module
 
-from minivllm_compile import envs
+from minivllm_compile import caching, envs
 from minivllm_compile.compiler_interface import CompiledEntry, make_compiler, timed_compile
 from minivllm_compile.config import CompilationConfig, Range
 from minivllm_compile.counter import compilation_counter
@@ -133,6 +133,22 @@ class CompilerManager:
         self.inductor_config = inductor_config
         self.entries: list[CompiledEntry] = []
         self._by_key: dict[tuple[str, Range], CompiledEntry] = {}
+        self.cache_dir: Path | None = None  # set by the backend; None: nothing saved
+
+    def _save(self, entry: CompiledEntry) -> None:
+        if self.cache_dir is None or not hasattr(entry.runnable, "save"):
+            return
+        path = self.cache_dir / f"artifact_compile_range_{caching.range_key(entry.compile_range)}_subgraph_{entry.graph_index}"
+        try:
+            with caching.locked(self.cache_dir):
+                caching.save_artifact(entry.runnable, path, self.compilation_config.compile_cache_save_format)
+        except OSError as e:  # read-only or full disk: keep going in memory
+            logger.warning("cannot save compiled artifacts to %s (%s); continuing in memory", self.cache_dir, e)
+            self.cache_dir = None
+            return
+        entry.artifact_path = str(path)
+        compilation_counter.num_compiled_artifacts_saved += 1
+        compilation_counter.num_cache_entries_updated += 1
 
     def compile(self, graph: fx.GraphModule, example_inputs: list, compile_range: Range,
                 graph_index: int) -> CompiledEntry:
@@ -149,6 +165,7 @@ class CompilerManager:
                 manager.set_compile_range(compile_range)
             entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
                                   compile_range, graph_index)
+            self._save(entry)
             self._by_key[key] = entry
         self.entries.append(entry)
         return entry
@@ -179,28 +196,11 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
             sym_shape_indices = [i for i, a in enumerate(args) if isinstance(a, torch.SymInt)]
             piece = PiecewiseBackend(self.fetch_attr(target), self.backend, index,
                                      len(self.compile_submod_names), sym_shape_indices)
+            piece.submod_name = target
             self.backend.piecewise_backends.append(piece)
             self.module.__dict__[target] = piece  # the stitching graph now calls the backend
             compilation_counter.num_piecewise_capturable_graphs_seen += 1
         return output
-
-
-def compute_cache_key(compilation_config: CompilationConfig) -> tuple[str, dict]:
-    """The cache directory's hash, and the factors it came from."""
-    factors = {"config": compilation_config.compute_hash(), "envs": envs.compile_factors(),
-               "torch": torch.__version__,
-               "traced_files": _code_hash(compilation_config.traced_files)}
-    return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()[:10], factors
-
-
-def _code_hash(files: set[str]) -> str:
-    h = hashlib.sha256()
-    for path in sorted(files):
-        h.update(path.encode())
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                h.update(f.read())
-    return h.hexdigest()[:16]
 
 
 class VllmBackend:
@@ -232,22 +232,29 @@ class VllmBackend:
         self.inductor_config["post_grad_custom_post_pass"] = manager
         self.inductor_config.setdefault("enable_auto_functionalized_v2", False)
 
-    def _pick_cache_dir(self) -> str:
+    def _pick_cache_dir(self) -> Path | None:
+        """<root>/<hash of every factor, traced files included>/rank_0_0/<prefix>, as vLLM lays it;
+        None when the cache is off or cannot be written (then everything stays in memory)."""
         cc = self.compilation_config
-        key, factors = compute_cache_key(cc)
-        base = cc.cache_dir or os.path.join(envs.VLLM_CACHE_ROOT, "torch_compile_cache", key)
-        local = os.path.join(base, "rank_0_0", self.prefix)
-        self.cache_key_factors = factors
+        key, self.cache_key_factors = caching.backend_cache_key(cc)
+        if envs.VLLM_DISABLE_COMPILE_CACHE:
+            return None
+        local = Path(cc.cache_dir or caching.cache_root() / key) / "rank_0_0" / self.prefix
+        try:
+            caching.atomic_write(local / "cache_key_factors.json", json.dumps(self.cache_key_factors, indent=1))
+        except OSError as e:
+            logger.warning("cannot write to the compile cache %s (%s); compiling in memory only", local, e)
+            return None
         return local
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
+    def __call__(self, gm: fx.GraphModule, example_inputs: list) -> "caching.VllmSerializableFunction":
         if self.graphs:
             raise RuntimeError("VllmBackend is called once per model: Dynamo traced it a second time "
                                "(a guard was kept and failed?)")
         self.dynamo_time_s = dynamo_transform_time()
         compilation_counter.num_graphs_seen += 1
         self.graphs.append(gm)
-        self.cache_dir = self._pick_cache_dir()
+        self.cache_dir = self.compiler_manager.cache_dir = self._pick_cache_dir()
         self.configure_post_pass()
         cc = self.compilation_config
         warn_unknown_splitting_ops(cc.splitting_ops)
@@ -259,7 +266,15 @@ class VllmBackend:
         if cc.enable_layerwise_nvtx_tracing:
             self._add_ranges()
         self._write_computation_graph()
-        return self.split_gm
+        pieces = [{"submod": pb.submod_name, "index": pb.piecewise_compile_index,
+                   "sym_shape_indices": pb.sym_shape_indices,
+                   # a loaded Inductor artifact returns a list even for a piece returning one value
+                   "single_output": not isinstance(next(iter(pb.graph.graph.find_nodes(op="output"))).args[0],
+                                                   (tuple, list)),
+                   "entries": {r: e.compiled.artifact_path for r, e in pb.range_entries.items()}}
+                  for pb in self.piecewise_backends]
+        return caching.VllmSerializableFunction(self.split_gm, cc, pieces, self.cache_dir,
+                                                cc.compile_cache_save_format)
 
     def _add_ranges(self) -> None:
         """Profiler ranges where Python still runs: around each piece and each splitting op (seed §12)."""
@@ -278,13 +293,11 @@ class VllmBackend:
         return [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph].index(submod_name)
 
     def _write_computation_graph(self) -> None:
-        if envs.VLLM_DISABLE_COMPILE_CACHE:
+        if self.cache_dir is None:
             return
+        src = self.split_gm.print_readable(print_output=False).replace("<lambda>", "GraphModule")
         try:
-            os.makedirs(self.cache_dir, exist_ok=True)
-            path = os.path.join(self.cache_dir, "computation_graph.py")
-            src = self.split_gm.print_readable(print_output=False).replace("<lambda>", "GraphModule")
-            with open(path, "w") as f:
-                f.write("from __future__ import annotations\nimport torch\n" + src)
+            caching.atomic_write(self.cache_dir / "computation_graph.py",
+                                 "from __future__ import annotations\nimport torch\n" + src)
         except OSError as e:
             logger.warning("cannot write to the compile cache %s (%s); continuing without it", self.cache_dir, e)

@@ -32,6 +32,7 @@ class CompiledEntry:
     seconds: float = 0.0
     code: list[str] = field(default_factory=list)  # Inductor's generated source (wrapper + kernels)
     reused_from: int | None = None  # set when an identical earlier piece's artifact was reused
+    artifact_path: str | None = None  # where the artifact was saved (None: cache off, or eager)
 
 
 @contextmanager

@@ -87,6 +87,7 @@ class CompilationConfig:
     pass_config: PassConfig = field(default_factory=PassConfig)
     enable_layerwise_nvtx_tracing: bool = False
     cache_dir: str = ""
+    compile_cache_save_format: str = "binary"  # "unpacked": the generated code as editable files
     debug_dump_path: str | None = None
     # filled while Dynamo traces: every source file the graph came from (invalidates the cache)
     traced_files: set[str] = field(default_factory=set)
@@ -100,6 +101,9 @@ class CompilationConfig:
         except ValueError:
             raise ValueError(f"CompilationConfig.mode={self.mode!r} is not one of "
                              f"{[f'{m.name}={m.value}' for m in CompilationMode]}") from None
+        if self.compile_cache_save_format not in ("binary", "unpacked"):
+            raise ValueError(f"CompilationConfig.compile_cache_save_format={self.compile_cache_save_format!r}: "
+                             "use 'binary' or 'unpacked'")
         if self.backend not in ("inductor", "eager"):
             raise ValueError(f"CompilationConfig.backend={self.backend!r}: use 'inductor' or 'eager'")
         n = self.max_num_batched_tokens

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
+from minivllm_compile import aot
 from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import start_monitoring_torch_compile
@@ -127,6 +128,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             return
         compilation_counter.num_models_seen += 1
         self.compiled = False
+        self.aot_compiled_fn = None
         TorchCompileWithNoGuardsWrapper.__init__(self)
 
     def mark_dynamic_inputs(self, args, kwargs) -> None:
@@ -154,8 +156,13 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         # is_compiling(): we are being traced by an outer compile; just be traced (§13)
         if self.do_not_compile or torch.compiler.is_compiling():
             return self.forward(*args, **kwargs)
+        if self.aot_compiled_fn is not None:  # loaded or AOT-compiled: no Dynamo, no hook
+            return self.aot_compiled_fn(self, *args, **kwargs)
         if self.compiled:
             return TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
+        use_aot = aot.use_aot_compile(self.compilation_config)
+        if use_aot and aot.try_load(self):
+            return self.aot_compiled_fn(self, *args, **kwargs)
         # the first call: mark dynamic dims, record traced files, apply the compile patches
         mark_dynamic_inputs(self, args, kwargs)
         start_monitoring_torch_compile()
@@ -179,7 +186,13 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
               torch._dynamo.config.patch(**dynamo_patches),
               torch.fx.experimental._config.patch(**fx_patches),
               torch._inductor.config.patch(**inductor_patches)):
-            output = TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
+            if use_aot:  # §10/§11: compile ahead of time, save, then run the compiled function
+                self.aot_compiled_fn = self.aot_compile(*args, **kwargs)
+                compilation_counter.num_aot_compiles += 1
+                output = self.aot_compiled_fn(self, *args, **kwargs)
+                aot.save(self)
+            else:
+                output = TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
         self.compiled = True
         return output
 

@@ -7,6 +7,7 @@ does not parse is an error naming the variable and what it accepts.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -30,9 +31,15 @@ def _bool(name: str, default: bool) -> Callable[[], bool]:
     return read
 
 
+@functools.cache
 def _aot_supported() -> bool:
+    """Probed once: torch.compile(...).aot_compile and torch.compiler.load_compiled_function."""
     import torch
 
+    try:
+        from torch._dynamo.aot_compile_types import SerializableCallable  # noqa: F401
+    except ImportError:
+        return False
     return hasattr(torch.compiler, "load_compiled_function")
 
 
@@ -43,8 +50,8 @@ def _cache_root() -> str:
 environment_variables: dict[str, Callable[[], Any]] = {
     # dispatch to Dynamo's transformed bytecode directly, skipping Dynamo after the first call
     "VLLM_USE_BYTECODE_HOOK": _bool("VLLM_USE_BYTECODE_HOOK", True),
-    # AOT-compile and save the whole compiled function; default off until the AOT stage exists
-    "VLLM_USE_AOT_COMPILE": _bool("VLLM_USE_AOT_COMPILE", False),
+    # AOT-compile the whole forward, save it, and load it in later processes (torch 2.10+)
+    "VLLM_USE_AOT_COMPILE": lambda: _bool("VLLM_USE_AOT_COMPILE", _aot_supported())(),
     "VLLM_FORCE_AOT_LOAD": _bool("VLLM_FORCE_AOT_LOAD", False),
     "VLLM_USE_MEGA_AOT_ARTIFACT": _bool("VLLM_USE_MEGA_AOT_ARTIFACT", False),
     "VLLM_DISABLE_COMPILE_CACHE": _bool("VLLM_DISABLE_COMPILE_CACHE", False),

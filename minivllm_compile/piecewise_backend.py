@@ -84,6 +84,18 @@ class PiecewiseBackend:
             self.range_entries.setdefault(r, RangeEntry(r))
         self.compile_all_ranges()
 
+    @classmethod
+    def from_runnables(cls, compilation_config, index: int, sym_shape_indices: list[int],
+                       runnables: dict[Range, Any]) -> "PiecewiseBackend":
+        """A piece loaded from the cache: the same dispatch, nothing compiled."""
+        self = cls.__new__(cls)
+        self.graph, self.vllm_backend, self.compilation_config = None, None, compilation_config
+        self.piecewise_compile_index, self.sym_shape_indices = index, sym_shape_indices
+        self.compile_ranges = compilation_config.get_compile_ranges()
+        self.compile_sizes = list(compilation_config.compile_sizes or [])
+        self.range_entries = {r: RangeEntry(r, CompiledEntry(fn, r, index)) for r, fn in runnables.items()}
+        return self
+
     def compile_all_ranges(self) -> None:
         """Compile every entry now, at start-up, so no request ever waits for a compile (§5)."""
         for entry in self.range_entries.values():

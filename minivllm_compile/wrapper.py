@@ -148,6 +148,14 @@ class TorchCompileWithNoGuardsWrapper:
 
         return filter_and_record
 
+    def aot_compile(self, *args: Any, **kwargs: Any):
+        """Trace and compile now, returning torch's AOTCompiledFunction (saveable, loadable)."""
+        if not hasattr(self._compiled_callable, "aot_compile"):
+            raise RuntimeError(f"this torch ({torch.__version__}) has no torch.compile(...).aot_compile; "
+                               "set VLLM_USE_AOT_COMPILE=0")
+        self.first_compile = False
+        return self._compiled_callable.aot_compile((args, kwargs))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if envs.VLLM_USE_BYTECODE_HOOK:
             if self._compiled_bytecode is None:

@@ -1,0 +1,80 @@
+"""The AOT branch of the first call (vLLM's decorators.py; seed §10, §11): load the whole compiled
+forward from the cache if it is there and still valid, else compile it ahead of time and save it.
+
+VLLM_USE_AOT_COMPILE (default on where torch has aot_compile) applies to VLLM_COMPILE with Inductor:
+its backend returns a serializable function. VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable
+artifact into an error; VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from minivllm_compile import caching, envs
+from minivllm_compile.config import CompilationConfig, CompilationMode
+from minivllm_compile.counter import compilation_counter
+
+logger = logging.getLogger("minivllm_compile")
+
+
+def use_aot_compile(cc: CompilationConfig) -> bool:
+    return envs.VLLM_USE_AOT_COMPILE and cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
+
+
+def aot_path(model: torch.nn.Module) -> Path:
+    key, _ = caching.aot_cache_key(model, model.compilation_config)
+    return caching.cache_root() / "torch_aot_compile" / key / "rank_0_0" / "model"
+
+
+def try_load(model) -> bool:
+    """Load the saved compiled forward into model.aot_compiled_fn; False means: compile."""
+    force = envs.VLLM_FORCE_AOT_LOAD
+    if envs.VLLM_DISABLE_COMPILE_CACHE:
+        if force:
+            raise RuntimeError("VLLM_FORCE_AOT_LOAD=1 with VLLM_DISABLE_COMPILE_CACHE=1: nothing can be "
+                               "loaded; unset one of them")
+        return False
+    path = model.aot_path = aot_path(model)
+    if not path.exists():
+        if force:
+            raise FileNotFoundError(f"VLLM_FORCE_AOT_LOAD=1 but there is no AOT artifact at {path}: run "
+                                    "once without VLLM_FORCE_AOT_LOAD to compile and save it")
+        return False
+    try:
+        with open(path, "rb") as f:
+            fn = torch.compiler.load_compiled_function(f, f_globals=model.forward.__globals__)
+        changed = caching.changed_sources(fn.source_info())
+        if changed:
+            raise RuntimeError(f"traced source changed since it was saved: {', '.join(changed[:3])}")
+        if not model.compilation_config.dynamic_shapes_config.evaluate_guards:
+            fn.disable_guard_check()
+    except Exception as e:  # corrupt, truncated, stale, or from another torch: compile again
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        if force:
+            raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 and the AOT artifact at {path} cannot be used: {reason}") from e
+        logger.warning("AOT artifact %s is unusable (%s); compiling afresh", path, reason)
+        return False
+    for src in fn.source_info().inlined_sources:
+        module = __import__("sys").modules.get(src.module)
+        if module is not None and getattr(module, "__file__", None):
+            model.compilation_config.traced_files.add(module.__file__)
+    model.aot_compiled_fn = fn
+    model.compiled = True
+    compilation_counter.num_aot_artifacts_loaded += 1
+    return True
+
+
+def save(model) -> None:
+    if envs.VLLM_DISABLE_COMPILE_CACHE:
+        return
+    path = model.aot_path = aot_path(model)
+    try:
+        with caching.locked(path.parent):  # torch writes it to a temp file renamed into place
+            model.aot_compiled_fn.save_compiled_function(str(path))
+    except Exception as e:
+        logger.warning("cannot save the AOT artifact to %s (%s); it stays in memory", path, e)
+        return
+    compilation_counter.num_aot_artifacts_saved += 1

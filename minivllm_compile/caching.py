@@ -1,0 +1,281 @@
+"""The persistent compile cache and the AOT artifact (vLLM's compilation/caching.py; seed §10, §11).
+
+Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
+
+    torch_aot_compile/<aot hash>/rank_0_0/model     the whole compiled forward (torch's AOT format)
+    <backend hash>/rank_0_0/<prefix>/               what VllmBackend wrote for that model:
+        cache_key_factors.json                      every factor of <backend hash>
+        computation_graph.py                        the split graph, readable
+        artifact_compile_range_<r>_subgraph_<i>     one Inductor artifact per piece and entry
+
+The AOT hash is known before Dynamo runs (config, switches, torch, the model's class and weights'
+shapes); the files Dynamo traced are checked after loading, and a changed one means a recompile.
+Every write goes to a temporary file renamed into place, under a lock, so a reader or a second
+writer never sees half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import inspect
+import io
+import json
+import logging
+import os
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.fx as fx
+from torch._dynamo.aot_compile_types import SerializableCallable
+
+from minivllm_compile import envs
+from minivllm_compile.config import CompilationConfig, Range
+
+logger = logging.getLogger("minivllm_compile")
+
+
+def cache_root() -> Path:
+    return Path(envs.VLLM_CACHE_ROOT) / "torch_compile_cache"
+
+
+def _sha(text: str, n: int = 10) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def file_hash(path: str) -> str:
+    h = hashlib.sha256(path.encode())
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def model_signature(module: torch.nn.Module) -> str:
+    """The model's class and every parameter's name, shape and dtype: weights are graph inputs, so a
+    compiled artifact fits exactly the models with this signature."""
+    cls = type(module)
+    forward = cls.forward
+    rows = [f"{cls.__module__}.{cls.__qualname__}:{forward.__code__.co_firstlineno}"]
+    rows += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in module.named_parameters()]
+    rows += [f"{n}:{tuple(b.shape)}:{b.dtype}" for n, b in module.named_buffers()]
+    return _sha("\n".join(rows), 16)
+
+
+def inductor_config_hash() -> str:
+    import torch._inductor.config as inductor_config
+
+    return _sha(str(inductor_config.save_config_portable()) if hasattr(inductor_config, "save_config_portable")
+                else repr(sorted(inductor_config.get_config_copy().items(), key=str)), 16)
+
+
+def aot_cache_key(module: torch.nn.Module, cc: CompilationConfig) -> tuple[str, dict]:
+    factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
+               "model": model_signature(module)}
+    return _sha(json.dumps(factors, sort_keys=True)), factors
+
+
+def backend_cache_key(cc: CompilationConfig) -> tuple[str, dict]:
+    """After tracing: the config, switches, torch and Inductor config, and every traced file."""
+    factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
+               "inductor_config": inductor_config_hash(),
+               "traced_files": {p: file_hash(p) for p in sorted(cc.traced_files)}}
+    return _sha(json.dumps(factors, sort_keys=True)), factors
+
+
+# --- writing safely ---------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on `directory` (two processes compiling the same model save one at a time)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_artifact(artifact: Any, path: Path, fmt: str) -> None:
+    """CompiledArtifact.save into a temporary name, then renamed: never a half-written artifact."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    artifact.save(path=str(tmp), format=fmt)
+    if path.exists() and path.is_dir():
+        import shutil
+
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def load_artifact(path: Path, fmt: str) -> Any:
+    from torch._inductor import CompiledArtifact
+
+    return CompiledArtifact.load(path=str(path), format=fmt)
+
+
+# --- the backend's serializable result ----------------------------------------------------------
+
+class VllmSerializableFunction(SerializableCallable):
+    """What VllmBackend returns: it runs the stitching graph, and it can be saved with the AOT
+    artifact. Saved: the stitching graph (pieces and splitting ops as FX code) and, per compiled
+    piece and entry, its Inductor artifact: a path into the backend's cache dir, or (with
+    VLLM_USE_MEGA_AOT_ARTIFACT) the artifact's bytes, so that one file holds everything."""
+
+    def __init__(self, split_gm: fx.GraphModule, compilation_config: CompilationConfig,
+                 pieces: list[dict], cache_dir: str | None, save_format: str):
+        self.split_gm = split_gm
+        self.compilation_config = compilation_config
+        self.pieces = pieces  # [{"submod": name, "index": i, "sym_shape_indices": [...], "entries": {...}}]
+        self.cache_dir = cache_dir
+        self.save_format = save_format
+
+    def __call__(self, *args: Any) -> Any:
+        return self.split_gm(*args)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: "VllmSerializableFunction") -> bytes:
+        from torch.fx._graph_pickler import GraphPickler, Options
+
+        gm = fn.split_gm
+        saved = {name: gm.__dict__.pop(name) for name in [p["submod"] for p in fn.pieces] if name in gm.__dict__}
+        try:
+            for m in [gm, *gm.children()]:
+                if isinstance(m, fx.GraphModule):
+                    for node in m.graph.nodes:
+                        for key in ("example_value", "val", "nn_module_stack", "source_fn_stack", "stack_trace"):
+                            node.meta.pop(key, None)
+            graph_bytes = GraphPickler.dumps(gm, Options(ops_filter=None))
+        finally:
+            gm.__dict__.update(saved)
+        pieces = []
+        mega = envs.VLLM_USE_MEGA_AOT_ARTIFACT
+        for p in fn.pieces:
+            entries = {}
+            for r, path in p["entries"].items():
+                entries[r] = {"bytes": _read_artifact_bytes(Path(path))} if mega else {"path": path}
+            pieces.append({**p, "entries": entries})
+        state = {"graph": graph_bytes, "config": pickle.dumps(fn.compilation_config), "pieces": pieces,
+                 "save_format": fn.save_format, "mega": mega}
+        return pickle.dumps(state)
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> "VllmSerializableFunction":
+        from torch._subclasses import FakeTensorMode
+        from torch.fx._graph_pickler import GraphPickler
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        from minivllm_compile.counter import compilation_counter
+        from minivllm_compile.piecewise_backend import PiecewiseBackend
+
+        state = pickle.loads(data)
+        gm = GraphPickler.loads(state["graph"], FakeTensorMode(shape_env=ShapeEnv()))
+        gm.recompile()
+        for child in gm.children():
+            if isinstance(child, fx.GraphModule):
+                child.recompile()
+        cc = pickle.loads(state["config"])
+        for p in state["pieces"]:
+            runnables = {}
+            for r, ref in p["entries"].items():
+                runnables[r] = (_load_artifact_bytes(ref["bytes"], state["save_format"]) if "bytes" in ref
+                                else load_artifact(Path(ref["path"]), state["save_format"]))
+                compilation_counter.num_compiled_artifacts_loaded += 1
+                if p.get("single_output"):
+                    runnables[r] = _first_output(runnables[r])
+            gm.__dict__[p["submod"]] = PiecewiseBackend.from_runnables(
+                cc, p["index"], p["sym_shape_indices"], runnables)
+        return cls(gm, cc, state["pieces"], None, state["save_format"])
+
+
+def _first_output(fn: Any) -> Any:
+    def call(*args: Any) -> Any:
+        out = fn(*args)
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+    return call
+
+
+def _read_artifact_bytes(path: Path) -> bytes:
+    if path.is_dir():  # unpacked: tar it into memory
+        import tarfile
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(path, arcname=path.name)
+        return b"DIR" + buf.getvalue()
+    return path.read_bytes()
+
+
+def _load_artifact_bytes(data: bytes, fmt: str) -> Any:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "artifact"
+        if data.startswith(b"DIR"):
+            import tarfile
+
+            with tarfile.open(fileobj=io.BytesIO(data[3:])) as tar:
+                tar.extractall(tmp, filter="data")
+                path = Path(tmp) / tar.getnames()[0]
+        else:
+            path.write_bytes(data)
+        return load_artifact(path, fmt)
+
+
+# --- source checks and inspection ---------------------------------------------------------------
+
+def changed_sources(source_info: Any) -> list[str]:
+    """The traced functions whose source differs now from when the artifact was saved."""
+    changed = set()
+    for src in getattr(source_info, "inlined_sources", ()):  # content: the whole module's source
+        module = sys.modules.get(src.module)
+        try:
+            now = inspect.getsource(module) if module else None
+        except (OSError, TypeError):
+            now = None
+        if now != src.content:
+            changed.add(src.module)
+    return sorted(changed)
+
+
+def describe(root: str | Path | None = None) -> str:
+    """The cache as a tree with sizes, the factors of each backend entry, and its artifacts."""
+    root = Path(root) if root else cache_root()
+    if not root.exists():
+        return f"{root}: empty (nothing compiled with the cache on yet)"
+    lines = [f"{root}"]
+    for path in sorted(p for p in root.rglob("*") if not p.name.startswith(".")):
+        depth = len(path.relative_to(root).parts)
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        lines.append(f"{'  ' * depth}{path.name}{'/' if path.is_dir() else ''}  {_human(size)}")
+        if path.name == "cache_key_factors.json":
+            factors = json.loads(path.read_text())
+            for k, v in factors.items():
+                shown = f"{len(v)} files" if k == "traced_files" else v
+                lines.append(f"{'  ' * (depth + 1)}· {k}: {shown}")
+    return "\n".join(lines)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def range_key(r: Range) -> str:
+    return f"{r.start}_{r.end}"

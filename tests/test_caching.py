@@ -1,0 +1,229 @@
+"""AOT compile and the persistent cache (seed §10, §11): save in one process, load in another,
+invalidate, and survive bad files and concurrent writers. Each process is a real subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter
+from minivllm_compile.models import build_model
+
+CHILD = r"""
+import json, sys, torch
+sys.path.insert(0, sys.argv[3]) if len(sys.argv) > 3 else None
+from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
+spec = json.loads(sys.argv[1])
+cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, **spec.get("cc", {}))
+if spec.get("toy"):
+    import toy_model
+    model = toy_model.Toy(compilation_config=cc)
+    out = model(torch.arange(12, dtype=torch.float32).view(6, 2))
+else:
+    from minivllm_compile.models import build_model
+    lm = build_model("llama", num_layers=1, compilation_config=cc)
+    out = lm(torch.arange(7), torch.arange(7))
+torch.save(out, sys.argv[2])
+print("COUNTERS " + json.dumps(vars(compilation_counter)))
+"""
+
+
+def run_child(root: Path, out: Path, spec: dict | None = None, env: dict | None = None, extra_path: str = ""):
+    environ = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0", **(env or {})}
+    args = [sys.executable, "-c", CHILD, json.dumps(spec or {}), str(out)] + ([extra_path] if extra_path else [])
+    proc = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=600)
+    counters = next((json.loads(line[9:]) for line in proc.stdout.splitlines() if line.startswith("COUNTERS ")), None)
+    return proc, counters
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Process 1: compile the 1-layer tiny Llama and save everything."""
+    root = tmp_path_factory.mktemp("cache")
+    proc, counters = run_child(root, root / "out1.pt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, counters
+
+
+def test_process_two_loads_without_tracing_or_compiling(saved, tmp_path):
+    root, first = saved
+    assert first["num_aot_compiles"] == 1 and first["num_aot_artifacts_saved"] == 1
+    assert first["num_inductor_compiles"] == 2 and first["num_compiled_artifacts_saved"] == 2
+    proc, c = run_child(root, tmp_path / "out2.pt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert c["num_aot_artifacts_loaded"] == 1
+    assert c["num_inductor_compiles"] == 0 and c["num_graphs_seen"] == 0 and c["num_aot_compiles"] == 0
+    assert c["num_compiled_artifacts_loaded"] == 2
+    assert torch.equal(torch.load(root / "out1.pt"), torch.load(tmp_path / "out2.pt"))  # bitwise
+
+
+def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
+    root, _ = saved
+    base = root / "torch_compile_cache"
+    aot_files = list((base / "torch_aot_compile").glob("*/rank_0_0/model"))
+    assert len(aot_files) == 1
+    backend_dirs = [d for d in base.glob("*/rank_0_0/backbone")]
+    assert len(backend_dirs) == 1
+    d = backend_dirs[0]
+    assert (d / "computation_graph.py").read_text().count("class GraphModule") >= 1
+    factors = json.loads((d / "cache_key_factors.json").read_text())
+    assert set(factors) == {"config", "envs", "torch", "inductor_config", "traced_files"}
+    assert factors["torch"] == torch.__version__ and "VLLM_USE_AOT_COMPILE" in factors["envs"]
+    assert any(p.endswith("models/llama.py") for p in factors["traced_files"])
+    assert sorted(p.name for p in d.glob("artifact_*")) == [
+        "artifact_compile_range_1_16_subgraph_0", "artifact_compile_range_1_16_subgraph_1"]
+    text = caching.describe(root / "torch_compile_cache")
+    assert "cache_key_factors.json" in text and "traced_files: " in text and "model" in text
+
+
+def test_a_corrupt_artifact_is_reported_once_and_rebuilt(saved, tmp_path):
+    import shutil
+
+    root = tmp_path / "cache"
+    shutil.copytree(saved[0], root)
+    model_file = next((root / "torch_compile_cache" / "torch_aot_compile").glob("*/rank_0_0/model"))
+    model_file.write_bytes(model_file.read_bytes()[:100])  # truncated
+    proc, c = run_child(root, tmp_path / "out.pt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("is unusable") == 1
+    assert c["num_aot_compiles"] == 1 and c["num_aot_artifacts_loaded"] == 0
+    assert torch.equal(torch.load(saved[0] / "out1.pt"), torch.load(tmp_path / "out.pt"))
+    proc, c = run_child(root, tmp_path / "out3.pt")  # and the rebuilt one loads
+    assert c["num_aot_artifacts_loaded"] == 1
+    # a corrupt piece artifact is caught the same way
+    piece = next((root / "torch_compile_cache").glob("*/rank_0_0/backbone/artifact_*"))
+    piece.write_bytes(b"not an artifact")
+    proc, c = run_child(root, tmp_path / "out4.pt")
+    assert proc.returncode == 0 and proc.stderr.count("is unusable") == 1 and c["num_aot_compiles"] == 1
+    # ... and is an error when the load is forced
+    piece = next((root / "torch_compile_cache").glob("*/rank_0_0/backbone/artifact_*"))
+    piece.write_bytes(b"not an artifact")
+    proc, _ = run_child(root, tmp_path / "out5.pt", env={"VLLM_FORCE_AOT_LOAD": "1"})
+    assert proc.returncode != 0 and "VLLM_FORCE_AOT_LOAD=1 and the AOT artifact" in proc.stderr
+
+
+def test_two_processes_compiling_at_once_leave_a_loadable_cache(tmp_path):
+    environ = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0"}
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, "{}", str(tmp_path / f"o{i}.pt")], env=environ,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        p.wait(timeout=600)
+        assert p.returncode == 0, p.stderr.read()[-3000:]
+    proc, c = run_child(tmp_path, tmp_path / "o3.pt")
+    assert c["num_aot_artifacts_loaded"] == 1 and c["num_inductor_compiles"] == 0
+    assert not list(tmp_path.rglob(".*.tmp*")) and not list(tmp_path.rglob(".model*"))  # no half files
+
+
+def test_mega_artifact_is_one_file(tmp_path):
+    import shutil
+
+    env = {"VLLM_USE_MEGA_AOT_ARTIFACT": "1"}
+    proc, c = run_child(tmp_path, tmp_path / "o1.pt", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for d in (tmp_path / "torch_compile_cache").glob("*/rank_0_0"):
+        shutil.rmtree(d)  # the backend's artifacts are gone: the AOT file alone must do
+    proc, c = run_child(tmp_path, tmp_path / "o2.pt", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert c["num_aot_artifacts_loaded"] == 1 and c["num_inductor_compiles"] == 0
+    assert torch.equal(torch.load(tmp_path / "o1.pt"), torch.load(tmp_path / "o2.pt"))
+
+
+TOY = '''
+import torch
+from torch import nn
+from minivllm_compile import support_torch_compile
+
+
+def helper(x):
+    return x * SCALE
+
+
+SCALE = 2.0
+
+
+@support_torch_compile
+class Toy(nn.Module):
+    def __init__(self, *, compilation_config=None):
+        super().__init__()
+        torch.manual_seed(0)  # the same weights in every process
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return helper(self.lin(x))
+'''
+
+
+def test_editing_a_traced_file_invalidates_the_cache(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "toy_model.py").write_text(TOY)
+    root = tmp_path / "cache"
+    spec = {"toy": True, "cc": {"splitting_ops": []}}
+    proc, c = run_child(root, tmp_path / "a.pt", spec, extra_path=str(src))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, c = run_child(root, tmp_path / "b.pt", spec, extra_path=str(src))
+    assert c["num_aot_artifacts_loaded"] == 1  # unchanged source: loaded
+    (src / "toy_model.py").write_text(TOY.replace("return x * SCALE", "return x * SCALE + 1"))
+    proc, c = run_child(root, tmp_path / "c.pt", spec, extra_path=str(src))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "traced source changed" in proc.stderr and c["num_aot_compiles"] == 1
+    torch.testing.assert_close(torch.load(tmp_path / "c.pt"), torch.load(tmp_path / "a.pt") + 1)
+    backend_dirs = list((root / "torch_compile_cache").glob("*/rank_0_0/backbone"))
+    assert len(backend_dirs) == 2  # the traced file's content is a factor of the backend's key
+
+
+def test_force_aot_load_with_nothing_saved_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    monkeypatch.setenv("VLLM_FORCE_AOT_LOAD", "1")
+    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    with pytest.raises(FileNotFoundError, match="no AOT artifact at .*run once without VLLM_FORCE_AOT_LOAD"):
+        lm(torch.arange(5), torch.arange(5))
+
+
+def test_disable_compile_cache_saves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    with compilation_counter.expect(num_aot_compiles=1, num_aot_artifacts_saved=0, num_compiled_artifacts_saved=0):
+        lm(torch.arange(5), torch.arange(5))
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_an_unwritable_cache_degrades_to_memory(tmp_path, monkeypatch, caplog):
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "afile" / "cache"))  # cannot be a directory
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    eager = build_model("llama", num_layers=1)
+    with caplog.at_level("WARNING", logger="minivllm_compile"):
+        out = lm(torch.arange(5), torch.arange(5))
+    torch.testing.assert_close(out, eager(torch.arange(5), torch.arange(5)), atol=1e-4, rtol=1e-4)
+    assert any("cannot" in r.message for r in caplog.records)
+
+
+def test_which_config_fields_change_the_key():
+    lm = build_model("llama", num_layers=1)
+    key = lambda **kw: caching.aot_cache_key(lm.model, CompilationConfig(**kw))[0]  # noqa: E731
+    base = key()
+    for field in ("debug_dump_path", "cache_dir"):  # documented as not mattering
+        assert key(**{field: "/tmp/elsewhere"}) == base
+    assert key(compile_sizes=[4]) != base
+    assert key(mode=CompilationMode.DYNAMO_TRACE_ONCE) != base
+    assert key(splitting_ops=["minivllm::short_conv"]) != base
+    other = build_model("llama", num_layers=1, hidden_size=64, intermediate_size=96)
+    assert caching.aot_cache_key(other.model, CompilationConfig())[0] != base  # other weights' shapes
+
+
+def test_unpacked_artifacts_hold_readable_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    cc = CompilationConfig(max_num_batched_tokens=16, compile_cache_save_format="unpacked")
+    build_model("llama", num_layers=1, compilation_config=cc)(torch.arange(5), torch.arange(5))
+    sources = [p for p in tmp_path.rglob("*.py") if "artifact_compile_range" in str(p)]
+    assert sources and any("def call(" in p.read_text() for p in sources)
