@@ -1,0 +1,69 @@
+"""Start-up measured the only honest way: each start in a fresh Python process.
+
+    cold     empty compile cache and empty Inductor cache: Dynamo, split, every Inductor compile
+    warm     empty compile cache, warm Inductor cache: traced and split again, kernels from disk
+    aot      the saved AOT artifact: no trace, no compile, artifacts loaded
+
+Used by the benchmark (python -m minivllm_compile.bench) and notebook 09. A measurement, never a
+test: these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
+from minivllm_compile.models import build_model
+spec = json.loads(sys.argv[1])
+cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=spec["sizes"],
+                       compile_ranges_endpoints=spec["endpoints"], max_num_batched_tokens=spec["max"])
+lm = build_model("llama", num_layers=spec["layers"], compilation_config=cc)
+t1 = time.perf_counter()
+out = lm(torch.arange(7), torch.arange(7))  # the first call: load or compile, then run
+t2 = time.perf_counter()
+print("RESULT " + json.dumps({"first_call_s": t2 - t1, "import_build_s": t1 - t0,
+                              "counters": vars(compilation_counter), "checksum": float(out.double().sum())}))
+"""
+
+
+def run_start(cache_root: str, inductor_cache: str, spec: dict, extra_env: dict | None = None) -> dict:
+    env = {**os.environ, "VLLM_CACHE_ROOT": cache_root, "TORCHINDUCTOR_CACHE_DIR": inductor_cache,
+           "VLLM_DISABLE_COMPILE_CACHE": "0", **(extra_env or {})}
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True,
+                          text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"start-up child failed:\n{proc.stderr[-3000:]}")
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[7:])
+
+
+def startup_times(layers: int = 2, sizes: list[int] | None = None, endpoints: list[int] | None = None,
+                  max_tokens: int = 64, repeats: int = 3) -> dict:
+    """Median first-call seconds of cold, warm-Inductor and AOT-load starts, `repeats` each, every
+    start its own process; also the raw runs and the checksums (all equal: the same model)."""
+    spec = {"layers": layers, "sizes": sizes if sizes is not None else [4, 8],
+            "endpoints": endpoints if endpoints is not None else [16], "max": max_tokens}
+    runs: dict[str, list[dict]] = {"cold": [], "warm_inductor": [], "aot_load": []}
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            root, inductor = str(Path(tmp) / "vllm"), str(Path(tmp) / "inductor")
+            runs["cold"].append(run_start(root, inductor, spec))  # compiles and saves
+            runs["aot_load"].append(run_start(root, inductor, spec))  # loads the artifact
+            # a fresh compile cache, the same Inductor cache: traced and compiled, kernels cached
+            runs["warm_inductor"].append(run_start(str(Path(tmp) / "vllm2"), inductor, spec))
+    med = {k: statistics.median(r["first_call_s"] for r in v) for k, v in runs.items()}
+    spread = {k: [round(min(r["first_call_s"] for r in v), 3), round(max(r["first_call_s"] for r in v), 3)]
+              for k, v in runs.items()}
+    return {"spec": spec, "median_s": med, "min_max_s": spread, "runs": runs,
+            "aot_speedup_vs_cold": med["cold"] / med["aot_load"],
+            "checksums_equal": len({r["checksum"] for v in runs.values() for r in v}) == 1}
