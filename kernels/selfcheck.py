@@ -1,6 +1,7 @@
 """Every Triton kernel against its reference on one small, awkward input (hidden sizes that are not
-powers of two, uneven varlen batches). The tour runs it; on CPU it needs TRITON_INTERPRET=1 set
-before the kernel modules are first imported."""
+powers of two, uneven varlen batches). The tour runs it (python -m minivllm_compile.kernels.selfcheck);
+on CPU it needs TRITON_INTERPRET=1 in the environment before torch is imported (torch's import
+already imports triton, which then keeps its interpreter setting)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,19 @@ def check_all_kernels(device: str = "cpu", dtypes=(torch.float32, torch.bfloat16
                          "rtol": rtol, "atol": atol,
                          "ok": all(torch.allclose(a, b, rtol=rtol, atol=atol) for a, b in pairs)})
     return rows
+
+
+def main() -> int:
+    """Print the check as a table; exit status 1 if any kernel is off."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = check_all_kernels(device)
+    for r in rows:
+        print(f"{r['kernel']:<26} {r['dtype']:<9} max |triton - ref| = {r['max_abs_diff']:.2e}  "
+              f"{'ok' if r['ok'] else 'MISMATCH'}")
+    bad = [r for r in rows if not r["ok"]]
+    print(f"{len(rows) - len(bad)} of {len(rows)} kernel checks passed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
