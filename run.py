@@ -72,8 +72,8 @@ def ensure_installed() -> None:
         pin = TRITON_FOR_TORCH.get(torch_minor)
         pip(f"triton=={pin}" if pin else "triton")
     # the package itself (editable) with its test and notebook extras; a no-op when all present
-    # (with setuptools at hand, build without an isolated env: no download, no network needed)
-    build = ["--no-build-isolation"] if setuptools_version() >= (68,) else []
+    # (setuptools 70.1+ builds wheels itself: then no isolated build env, no download needed)
+    build = ["--no-build-isolation"] if setuptools_version() >= (70, 1) else []
     pip(*build, "-e", f"{ROOT}[test,notebooks]")
 
 
