@@ -12,7 +12,7 @@ from minivllm_compile.config import (
 )
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.decorators import ignore_torch_compile, support_torch_compile
-from minivllm_compile import envs
+from minivllm_compile import caching, envs  # noqa: F401  (modules notebooks reach for)
 
 __all__ = [
     "CompilationConfig", "CompilationMode", "DynamicShapesConfig", "DynamicShapesType", "PassConfig",

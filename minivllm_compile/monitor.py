@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-import torch
 
 logger = logging.getLogger("minivllm_compile")
 
