@@ -21,7 +21,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.passes.split_module import split_module
 
 from minivllm_compile import caching, envs
-from minivllm_compile.compiler_interface import CompiledEntry, make_compiler, timed_compile
+from minivllm_compile.compiler_interface import CompiledEntry, make_compiler, returns_single_value, timed_compile
 from minivllm_compile.config import CompilationConfig, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import dynamo_transform_time
@@ -269,8 +269,7 @@ class VllmBackend:
         pieces = [{"submod": pb.submod_name, "index": pb.piecewise_compile_index,
                    "sym_shape_indices": pb.sym_shape_indices,
                    # a loaded Inductor artifact returns a list even for a piece returning one value
-                   "single_output": not isinstance(next(iter(pb.graph.graph.find_nodes(op="output"))).args[0],
-                                                   (tuple, list)),
+                   "single_output": returns_single_value(pb.graph),
                    "entries": {r: e.compiled.artifact_path for r, e in pb.range_entries.items()}}
                   for pb in self.piecewise_backends]
         return caching.VllmSerializableFunction(self.split_gm, cc, pieces, self.cache_dir,

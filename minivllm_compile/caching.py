@@ -35,6 +35,7 @@ import torch.fx as fx
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from minivllm_compile import envs
+from minivllm_compile.compiler_interface import first_output
 from minivllm_compile.config import CompilationConfig, Range
 
 logger = logging.getLogger("minivllm_compile")
@@ -196,18 +197,10 @@ class VllmSerializableFunction(SerializableCallable):
                                 else load_artifact(Path(ref["path"]), state["save_format"]))
                 compilation_counter.num_compiled_artifacts_loaded += 1
                 if p.get("single_output"):
-                    runnables[r] = _first_output(runnables[r])
+                    runnables[r] = first_output(runnables[r])
             gm.__dict__[p["submod"]] = PiecewiseBackend.from_runnables(
                 cc, p["index"], p["sym_shape_indices"], runnables)
         return cls(gm, cc, state["pieces"], None, state["save_format"])
-
-
-def _first_output(fn: Any) -> Any:
-    def call(*args: Any) -> Any:
-        out = fn(*args)
-        return out[0] if isinstance(out, (list, tuple)) else out
-
-    return call
 
 
 def _read_artifact_bytes(path: Path) -> bytes:

@@ -9,6 +9,7 @@ against, so it answers them with AlwaysHitShapeEnv, as vLLM does. EagerAdaptor r
 
 from __future__ import annotations
 
+import copy
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -99,10 +100,27 @@ class InductorAdaptor(CompilerInterface):
 
         compilation_counter.num_inductor_compiles += 1
         code: list[str] = []
+        single = returns_single_value(graph)
+        # compile_fx rewrites the graph it is given (its output becomes a list): give it a copy,
+        # the piece is compiled again for the next entry
+        graph = fx.GraphModule(graph, copy.deepcopy(graph.graph))
         with capture_output_code(code), patch.object(FxGraphCache, "_get_shape_env",
                                                      staticmethod(lambda: AlwaysHitShapeEnv())):
             compiled = compile_fx(graph, example_inputs, config_patches=config)
-        return compiled, code
+        return (first_output(compiled) if single else compiled), code
+
+
+def returns_single_value(graph: fx.GraphModule) -> bool:
+    return not isinstance(next(iter(graph.graph.find_nodes(op="output"))).args[0], (tuple, list))
+
+
+def first_output(fn: Callable) -> Callable:
+    """Inductor's compiled callables return a list; a piece that returns one value needs it back."""
+    def call(*args: Any) -> Any:
+        out = fn(*args)
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+    return call
 
 
 def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, config: dict | None = None,
@@ -143,10 +161,12 @@ def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, conf
     return source
 
 
-def make_compiler(backend: str, standalone: bool = True) -> CompilerInterface:
+def make_compiler(backend: str) -> CompilerInterface:
+    from minivllm_compile import envs
+
     if backend == "eager":
         return EagerAdaptor()
-    if standalone and hasattr(torch._inductor, "standalone_compile"):
+    if envs.VLLM_USE_STANDALONE_COMPILE and hasattr(torch._inductor, "standalone_compile"):
         return InductorStandaloneAdaptor()
     return InductorAdaptor()
 

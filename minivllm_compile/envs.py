@@ -55,6 +55,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_FORCE_AOT_LOAD": _bool("VLLM_FORCE_AOT_LOAD", False),
     "VLLM_USE_MEGA_AOT_ARTIFACT": _bool("VLLM_USE_MEGA_AOT_ARTIFACT", False),
     "VLLM_DISABLE_COMPILE_CACHE": _bool("VLLM_DISABLE_COMPILE_CACHE", False),
+    # pieces through torch._inductor.standalone_compile (1) or compile_fx (0), as in vLLM
+    "VLLM_USE_STANDALONE_COMPILE": _bool("VLLM_USE_STANDALONE_COMPILE", True),
     # never vLLM's own cache: ~/.cache/minivllm_compile unless set
     "VLLM_CACHE_ROOT": _cache_root,
 }
@@ -73,4 +75,4 @@ def __dir__() -> list[str]:
 def compile_factors() -> dict[str, Any]:
     """The switches that change what gets compiled (part of the cache key)."""
     return {k: environment_variables[k]() for k in ("VLLM_USE_BYTECODE_HOOK", "VLLM_USE_AOT_COMPILE",
-                                                    "VLLM_USE_MEGA_AOT_ARTIFACT")}
+                                                    "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE")}

@@ -232,3 +232,17 @@ def test_triton_source_is_written_on_cpu_without_a_gpu():
     assert "@triton.jit" in static and "@triton.jit" in dynamic
     assert "xnumel = 768" in static  # 8 tokens x hidden 96
     assert re.search(r"xnumel = 96\*s\d+", dynamic)
+
+
+def test_the_compile_fx_adaptor_gives_the_same_model(monkeypatch, eager):
+    """VLLM_USE_STANDALONE_COMPILE=0: pieces through compile_fx, whose FX-graph-cache guards are
+    answered by AlwaysHitShapeEnv (there is no Dynamo ShapeEnv out here)."""
+    from minivllm_compile.compiler_interface import InductorAdaptor
+
+    monkeypatch.setenv("VLLM_USE_STANDALONE_COMPILE", "0")
+    lm = build_model("llama", num_layers=L, compilation_config=vllm_cfg(compile_sizes=[4], compile_ranges_endpoints=[]))
+    with compilation_counter.expect(num_inductor_compiles=(L + 1) * 2):
+        for n in (4, 9, 1):
+            ids = torch.randint(0, 258, (n,))
+            torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)), atol=1e-4, rtol=1e-4)
+    assert isinstance(lm.model.backend.compiler_manager.compiler, InductorAdaptor)

@@ -1,0 +1,458 @@
+"""The benchmark suite: what each compilation mode costs and buys, measured on the tiny Llama.
+
+    python -m minivllm_compile.bench [--out DIR] [--quick] [--only NAME ...]
+
+Writes DIR/bench.json and one PNG per benchmark (bench_plots.py), then prints PASS/FAIL per target.
+Every figure is a median over repeats with its spread; every comparison is a ratio of figures
+measured in the same run. A measurement, never a test: these machines are shared and noisy.
+
+Models whose calls go through Dynamo (STOCK_TORCH_COMPILE, and VLLM_USE_BYTECODE_HOOK=0) share
+Dynamo's cache entries for LlamaModel.forward with every other instance of the class, and a
+guard-free entry matches any of them. So no two such models share a process: the overhead
+benchmark runs each group in its own child process, and within one the cache is cleared before
+the one Dynamo-dispatched model compiles (the hook-on models never enter Dynamo again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, compilation_counter
+from minivllm_compile.forward_context import set_forward_context
+
+M = CompilationMode
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SKIP = "--quick: Inductor compiles in fresh processes take minutes; run without --quick"
+NAMES = ["overhead", "startup", "fix_functionalization", "compile_scaling", "generate"]
+
+
+def stats(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q[0], "q3": q[2], "n": len(xs)}
+
+
+@contextmanager
+def env(**kv: str | None):
+    """Set (or, with None, unset) environment switches; envs.py reads them at each access."""
+    old = {k: os.environ.get(k) for k in kv}
+    for k, v in kv.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def clear_dynamo_cache() -> None:
+    from minivllm_compile.models.llama import LlamaModel
+
+    torch._dynamo.eval_frame.remove_from_cache(LlamaModel.forward.__code__)
+
+
+def build(mode: M, layers: int, hook: bool = True, backend: str = "inductor", max_tokens: int = 64, **kw):
+    from minivllm_compile.models import build_model
+
+    with env(VLLM_USE_BYTECODE_HOOK=str(int(hook))):
+        cc = CompilationConfig(mode=mode, backend=backend, max_num_batched_tokens=max_tokens, **kw)
+        lm = build_model("llama", num_layers=layers, compilation_config=cc, device=DEVICE)
+        if mode in (M.DYNAMO_TRACE_ONCE, M.VLLM_COMPILE):
+            lm.warmup()  # compile now, at max_tokens, as vLLM does
+    return lm
+
+
+# --- 1. per-call overhead -------------------------------------------------------------------------
+
+def _record_whole_graph_calls() -> None:
+    """Child-process only: make WholeGraphBackend's compiled callables record their arguments on
+    request, so the Inductor callable under STOCK and DYNAMO_TRACE_ONCE can be timed directly."""
+    from minivllm_compile.wrapper import WholeGraphBackend
+
+    orig = WholeGraphBackend.__call__
+
+    def compile_and_record(self, gm, example_inputs):
+        fn = orig(self, gm, example_inputs)
+        def call(*a):  # Inductor's callable clears a list argument after unpacking it: keep copies
+            if getattr(self, "capture", False):
+                self.last = (fn, tuple(list(x) if isinstance(x, list) else x for x in a))
+            return fn(*a)
+
+        if hasattr(fn, "_boxed_call"):
+            call._boxed_call = fn._boxed_call
+        return call
+
+    WholeGraphBackend.__call__ = compile_and_record
+
+
+def _direct(lm, name: str, ids, pos, md):
+    """The compiled callable of `name`'s model at this shape, with the arguments it received."""
+    with env(VLLM_USE_BYTECODE_HOOK="1"), torch.inference_mode(), \
+            set_forward_context(md, lm.model.static_forward_context):
+        if name == "vllm_direct":  # the stitched callable VllmBackend returned
+            g, captured = lm.model.backend.split_gm, []
+            h = g.register_forward_pre_hook(lambda m, a: captured.append(a))
+            lm.model(ids, pos)
+            h.remove()
+            return lambda *_, a=captured[0]: g(*a)
+        backend = lm._run_model.backend if name == "stock_direct" else lm.model.backend
+        backend.capture = True
+        (lm._run_model if name == "stock_direct" else lm.model)(ids, pos)
+        backend.capture = False
+        fn, args = backend.last
+        return lambda *_: fn(*[list(x) if isinstance(x, list) else x for x in args])
+
+
+def overhead_child(spec: dict) -> dict:
+    """In a fresh process: build spec["variants"], time calls at each size, rounds interleaved."""
+    torch.set_num_threads(1)
+    _record_whole_graph_calls()
+    layers, be, sizes = spec["layers"], spec["backend"], spec["sizes"]
+    calls = {}  # name -> (lm, VLLM_USE_BYTECODE_HOOK at call time or None, runner or None for direct)
+    for name in spec["variants"]:
+        if name == "eager":
+            lm = build(M.NONE, layers)
+            calls[name] = (lm, None, lm._run_model)
+        elif name in ("bytecode_hook", "vllm_bytecode_hook"):
+            lm = build(M.DYNAMO_TRACE_ONCE if name == "bytecode_hook" else M.VLLM_COMPILE, layers, True, be)
+            calls[name] = (lm, "1", lm.model)
+        elif name.endswith("_direct"):  # the compiled callable without wrapper, guards or hook
+            calls[name] = (calls[{"vllm_direct": "vllm_bytecode_hook", "bytecode_hook_direct": "bytecode_hook",
+                                  "stock_direct": "stock"}[name]][0], None, None)
+        elif name in ("stock", "dynamo_no_guards"):
+            clear_dynamo_cache()  # this model is the only one in the process that enters Dynamo
+            if name == "stock":
+                lm = build(M.STOCK_TORCH_COMPILE, layers, True, be)
+                calls[name] = (lm, None, lm._run_model)
+            else:
+                lm = build(M.DYNAMO_TRACE_ONCE, layers, False, be)
+                calls[name] = (lm, "0", lm.model)
+    setups = {}
+    tables = {id(lm): lm.allocate_caches([16]) for lm, _, _ in calls.values()}
+    for n in sizes:
+        for name, (lm, hook, run) in calls.items():
+            ids, pos = torch.zeros(n, dtype=torch.long, device=DEVICE), torch.arange(n, device=DEVICE)
+            md = lm.metadata([n], [n], [0], tables[id(lm)])
+            if run is not None:  # warm this shape (stock recompiles here), then capture the direct call
+                with env(VLLM_USE_BYTECODE_HOOK=hook or "1"), torch.inference_mode(), \
+                        set_forward_context(md, lm.model.static_forward_context):
+                    for _ in range(3):
+                        run(ids, pos)
+            setups[(name, n)] = (run or _direct(lm, name, ids, pos, md), ids, pos, md, lm, hook)
+    per_call: dict = {name: {n: [] for n in sizes} for name in calls}
+    names = list(calls)
+    for r in range(spec["rounds"] + 1):  # round 0 is a warm-up
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in sizes:
+            for name in order:
+                fn, ids, pos, md, lm, hook = setups[(name, n)]
+                with env(VLLM_USE_BYTECODE_HOOK=hook or "1"), torch.inference_mode(), \
+                        set_forward_context(md, lm.model.static_forward_context):
+                    k = spec["calls"] if r else 3
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(k):
+                        fn(ids, pos)
+                    sync()
+                    if r:
+                        per_call[name][n].append((time.perf_counter() - t0) / k * 1e6)
+    return per_call
+
+
+def run_child(kind: str, spec: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        proc = subprocess.run([sys.executable, "-m", "minivllm_compile.bench", "--child", kind, json.dumps(spec),
+                               str(out)], capture_output=True, text=True, timeout=900, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench child {kind} failed:\n{proc.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def bench_overhead(q: bool) -> dict:
+    base = {"layers": 2, "backend": "eager" if q else "inductor", "sizes": [1, 2] if q else [1, 2, 3, 4],
+            "rounds": 3 if q else 15, "calls": 10 if q else 40}
+    groups = [["eager", "bytecode_hook", "bytecode_hook_direct", "vllm_bytecode_hook", "vllm_direct", "stock",
+               "stock_direct"], ["eager", "bytecode_hook", "bytecode_hook_direct", "dynamo_no_guards"]]
+    runs = [run_child("overhead", {**base, "variants": g}) for g in groups]
+    sizes = [str(n) for n in base["sizes"]]
+
+    def over(src: dict, a: str, b: str) -> dict:  # a minus its direct callable b, paired by round
+        return {n: stats([x - y for x, y in zip(src[a][n], src[b][n])]) for n in sizes}
+
+    total = [{k: {n: stats(v) for n, v in d.items()} for k, d in run.items()} for run in runs]
+    extra = {"bytecode_hook": over(runs[0], "bytecode_hook", "bytecode_hook_direct"),
+             "stock": over(runs[0], "stock", "stock_direct"),
+             "vllm_bytecode_hook": over(runs[0], "vllm_bytecode_hook", "vllm_direct"),
+             "dynamo_no_guards": over(runs[1], "dynamo_no_guards", "bytecode_hook_direct")}
+
+    def ratio(src: dict, a: str, b: str) -> float:  # median over sizes of the ratio of medians
+        return statistics.median(src[a][n]["median"] / src[b][n]["median"] for n in sizes)
+
+    return {"config": base, "groups": groups, "per_call_us": total[0], "per_call_us_second_process": total[1],
+            "overhead_above_direct_us": extra,
+            "ratios": {"bytecode_hook_vs_stock_overhead": statistics.median(
+                           extra["bytecode_hook"][n]["median"] / extra["stock"][n]["median"] for n in sizes),
+                       "bytecode_hook_vs_stock_call": ratio(total[0], "bytecode_hook", "stock"),
+                       "vllm_hook_vs_direct_call": ratio(total[0], "vllm_bytecode_hook", "vllm_direct"),
+                       "dynamo_no_guards_vs_bytecode_hook_call": ratio(total[1], "dynamo_no_guards", "bytecode_hook"),
+                       "stock_vs_eager_call": ratio(total[0], "stock", "eager")}}
+
+
+# --- 2. start-up ----------------------------------------------------------------------------------
+
+def bench_startup(q: bool) -> dict:
+    from minivllm_compile.startup import startup_times
+
+    if q:
+        return {"skipped": SKIP}
+    with env(VLLM_USE_AOT_COMPILE=None, VLLM_USE_BYTECODE_HOOK=None):  # AOT on, as by default
+        return startup_times(layers=2, sizes=[4, 8], endpoints=[16], max_tokens=64, repeats=2)
+
+
+# --- 3. FixFunctionalization on vs off ------------------------------------------------------------
+
+_EMPTY = re.compile(r"empty_strided_\w+\(\(([^)]*)\),\s*\([^)]*\),\s*torch\.(\w+)\)")
+
+
+def code_stats(codes: list[str], n: int) -> dict:
+    from minivllm_compile.viz.kernels import kernel_sources
+
+    out = {"empty_strided": 0, "cpp_fused": 0, "triton": 0, "copy_kernels": 0, "copy_calls": 0, "buffer_bytes": 0}
+    for code in codes:
+        kernels = kernel_sources(code)
+        out["cpp_fused"] += sum(k.startswith("cpp_fused") for k in kernels)
+        out["triton"] += sum(k.startswith("triton") for k in kernels)
+        out["copy_kernels"] += sum(("copy" in k or "clone" in k) for k in kernels)
+        out["copy_calls"] += len(re.findall(r"\.copy_\(|aten\.clone|\bclone\(", code))
+        for dims, dtype in _EMPTY.findall(code):
+            out["empty_strided"] += 1
+            numel = 1
+            for d in dims.split(","):
+                if d.strip():  # symbolic sizes (s0, ...) are num_tokens: evaluate at n
+                    numel *= eval(re.sub(r"\b[su]\d+\b", str(n), d), {"__builtins__": {}})
+            out["buffer_bytes"] += numel * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    return out
+
+
+def bench_fix_functionalization(q: bool) -> dict:
+    layers, n, rounds, k = (1, 8, 3, 5) if q else (2, 16, 15, 30)
+    lms, res = {}, {"backend": "eager" if q else "inductor"}  # eager: no generated code to count
+    for on in (True, False):
+        lm = build(M.VLLM_COMPILE, layers, backend=res["backend"], compile_sizes=[n], pass_config=PassConfig(enable_fix_functionalization=on))
+        entries = lm.model.backend.compiler_manager.entries
+        lms[on] = lm
+        res["on" if on else "off"] = {"code": code_stats([c for e in entries if e.compile_range.is_single_size()
+                                                           for c in e.code], n),
+                                      "compile_s": sum(e.seconds for e in entries)}
+    setups = {}
+    for on, lm in lms.items():
+        md = lm.metadata([n], [n], [0], lm.allocate_caches([n]))
+        setups[on] = (lm, torch.zeros(n, dtype=torch.long, device=DEVICE), torch.arange(n, device=DEVICE), md)
+    times = {True: [], False: []}
+    torch.set_num_threads(1)
+    for r in range(rounds + 1):
+        for on in ((True, False) if r % 2 else (False, True)):
+            lm, ids, pos, md = setups[on]
+            with torch.inference_mode(), set_forward_context(md, lm.model.static_forward_context):
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    lm.model(ids, pos)
+                sync()
+            if r:
+                times[on].append((time.perf_counter() - t0) / k * 1e6)
+    torch.set_num_threads(os.cpu_count() or 1)
+    res["on"]["step_us"], res["off"]["step_us"] = stats(times[True]), stats(times[False])
+    res["num_tokens"], res["layers"] = n, layers
+    res["ratio_off_vs_on_step"] = res["off"]["step_us"]["median"] / res["on"]["step_us"]["median"]
+    return res
+
+
+# --- 4. compile cost vs layers and vs sizes/ranges ------------------------------------------------
+
+def bench_compile_scaling(q: bool) -> dict:
+    from minivllm_compile.startup import run_start
+
+    if q:
+        return {"skipped": SKIP}
+    def cold(layers: int, sizes: list[int], endpoints: list[int]) -> dict:
+        with tempfile.TemporaryDirectory() as tmp:  # fresh process, empty Inductor and compile caches
+            r = run_start(f"{tmp}/vllm", f"{tmp}/inductor", {"layers": layers, "sizes": sizes,
+                          "endpoints": endpoints, "max": 64}, {"VLLM_USE_AOT_COMPILE": "0"})
+        c = r["counters"]
+        return {"first_call_s": r["first_call_s"], "num_inductor_compiles": c["num_inductor_compiles"],
+                "num_backend_compilations": c["num_backend_compilations"]}
+
+    layer_pts = [1, 2] if q else [1, 2, 4, 8]
+    size_pts = [([4, 8], []), ([4, 8], [16]), ([4, 8], [16, 32])]
+    by_layers = []
+    for L in layer_pts:  # the two ends (the target's ratio) twice, the middle once
+        runs = [cold(L, [], []) for _ in range(2 if L in (1, 8) else 1)]
+        by_layers.append({"layers": L, "wall_s": stats([x["first_call_s"] for x in runs]), **runs[0]})
+    by_sizes = [{"sizes": [], "endpoints": [], **by_layers[1], "wall_s": by_layers[1]["wall_s"]}]
+    for sizes, endpoints in size_pts:
+        x = cold(2, sizes, endpoints)
+        by_sizes.append({"sizes": sizes, "endpoints": endpoints, "wall_s": stats([x["first_call_s"]]), **x})
+    w = {p["layers"]: p["wall_s"]["median"] for p in by_layers}
+    return {"note": "cold: each point a fresh process with empty Inductor and compile caches; wall = first "
+                    "call (Dynamo trace + split + Inductor); max_num_batched_tokens=64",
+            "by_layers": by_layers, "by_sizes_2_layers": by_sizes,
+            "ratio_max_vs_1_layer": w[max(w)] / w[1]}
+
+
+# --- 5. generate() tokens/s -----------------------------------------------------------------------
+
+def bench_generate(q: bool) -> dict:
+    from minivllm_compile.models.tokenizer import ByteTokenizer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    nprompt, plen, steps, reps = (2, 8, 4, 2) if q else (4, 32, 32, 5)
+    base = "The quick brown fox jumps over the lazy dog. " * 4
+    prompts = [(str(i) + base)[:plen] for i in range(nprompt)]
+    plen = len(ByteTokenizer().encode(prompts[0]))
+    be = "eager" if q else "inductor"
+    variants = {"eager": build(M.NONE, 2, max_tokens=256),
+                "dynamo_trace_once": build(M.DYNAMO_TRACE_ONCE, 2, backend=be, max_tokens=256),
+                "vllm_compile": build(M.VLLM_COMPILE, 2, backend=be, max_tokens=256, compile_sizes=[nprompt])}
+    clear_dynamo_cache()  # stock is then the only model entering Dynamo (the others use the hook)
+    variants["stock"] = build(M.STOCK_TORCH_COMPILE, 2, backend=be, max_tokens=256)
+    steps_log: dict = {}
+    for name, lm in variants.items():
+        inner = lm.forward_step
+
+        def timed(ids, pos, md, inner=inner, name=name):
+            sync()
+            t0 = time.perf_counter()
+            out = inner(ids, pos, md)
+            sync()
+            steps_log[name].append((ids.numel(), time.perf_counter() - t0))
+            return out
+
+        lm.forward_step = timed  # the step itself, inside the real generate() loop
+        for _ in range(2):  # warm up: stock compiles its prefill and decode shapes here
+            steps_log[name] = []
+            lm.generate(prompts, steps)
+    samples = {k: {"prefill": [], "decode": [], "e2e": [], "new_tokens": []} for k in variants}
+    for r in range(reps):
+        for name in list(variants)[r % 4:] + list(variants)[:r % 4]:
+            steps_log[name] = []
+            t0 = time.perf_counter()
+            variants[name].generate(prompts, steps)
+            wall = time.perf_counter() - t0
+            log = steps_log[name]
+            s = samples[name]
+            s["prefill"].append(log[0][0] / log[0][1])
+            dec = log[1:]
+            s["decode"].append(sum(t for t, _ in dec) / sum(x for _, x in dec) if dec else float("nan"))
+            new = sum(t for t, _ in dec) + nprompt  # the prefill samples one token per sequence
+            s["e2e"].append(new / wall)
+            s["new_tokens"].append(new)
+    res = {k: {"prefill_tok_s": stats(v["prefill"]), "decode_tok_s": stats(v["decode"]),
+               "generate_new_tok_s": stats(v["e2e"]), "new_tokens": v["new_tokens"][0]} for k, v in samples.items()}
+    d = {k: v["decode_tok_s"]["median"] for k, v in res.items()}
+    return {"config": {"prompts": nprompt, "prompt_tokens": plen, "max_new_tokens": steps, "repeats": reps,
+                       "backend": be, "vllm_compile_sizes": [nprompt], "threads": torch.get_num_threads()},
+            "modes": res, "decode_ratio_vllm_vs_eager": d["vllm_compile"] / d["eager"],
+            "decode_ratio_vllm_vs_stock": d["vllm_compile"] / d["stock"]}
+
+
+# --- targets and main -----------------------------------------------------------------------------
+
+def targets(r: dict) -> list[dict]:
+    out = []
+
+    def check(name: str, value: float, op: str, limit: float, why: str) -> None:
+        ok = value <= limit if op == "<=" else value >= limit
+        out.append({"target": name, "value": value, "op": op, "limit": limit, "pass": ok, "measured": why})
+
+    if "ratios" in r.get("overhead", {}):
+        o = r["overhead"]["ratios"]
+        check("bytecode-hook overhead / stock torch.compile overhead", o["bytecode_hook_vs_stock_overhead"], "<=",
+              0.7, "each call minus its own compiled callable called directly; TRACE_ONCE hook on vs STOCK")
+        check("vLLM bytecode-hook call / direct stitched callable", o["vllm_hook_vs_direct_call"], "<=", 1.1,
+              "VLLM_COMPILE through the wrapper vs backend.split_gm(*args)")
+    if "aot_speedup_vs_cold" in r.get("startup", {}):
+        check("cold compile / AOT load", r["startup"]["aot_speedup_vs_cold"], ">=", 10.0, "first-call s, fresh processes")
+    if "by_layers" in r.get("compile_scaling", {}):
+        c = r["compile_scaling"]
+        check(f"compile wall {max(p['layers'] for p in c['by_layers'])} layers / 1 layer",
+              c["ratio_max_vs_1_layer"], "<=", 1.5, "cold, fresh process each")
+    if "modes" in r.get("generate", {}):
+        g = r["generate"]
+        # "no slower": decode tokens/s of VLLM_COMPILE at least that of the other mode
+        check("VLLM_COMPILE decode tok/s / eager", g["decode_ratio_vllm_vs_eager"], ">=", 1.0, "generate() decode steps")
+        check("VLLM_COMPILE decode tok/s / STOCK", g["decode_ratio_vllm_vs_stock"], ">=", 1.0, "generate() decode steps")
+    return out
+
+
+BENCHES = {"overhead": bench_overhead, "startup": bench_startup, "fix_functionalization": bench_fix_functionalization,
+           "compile_scaling": bench_compile_scaling, "generate": bench_generate}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m minivllm_compile.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench_out", help="folder for bench.json and the plots")
+    ap.add_argument("--quick", action="store_true", help="tiny configuration (seconds; numbers meaningless)")
+    ap.add_argument("--only", nargs="+", choices=NAMES, help="run only these benchmarks")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        Path(a.child[2]).write_text(json.dumps(overhead_child(json.loads(a.child[1]))))
+        return {}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="minivllm_bench_")
+    # in-process models: no AOT (the bytecode hook is what is measured), nothing read from or saved to
+    # a compile cache, a fresh Inductor cache (children of startup/compile_scaling set their own)
+    os.environ.update(VLLM_USE_AOT_COMPILE="0", VLLM_DISABLE_COMPILE_CACHE="1", VLLM_CACHE_ROOT=f"{tmp}/vllm",
+                      TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor")
+    res: dict = {"meta": {"torch": torch.__version__, "device": DEVICE, "quick": a.quick, "cpus": os.cpu_count(),
+                          "python": sys.version.split()[0]}, "seconds": {}}
+    for name in a.only or NAMES:
+        t0 = time.perf_counter()
+        print(f"[bench] {name} ...", flush=True)
+        try:
+            res[name] = BENCHES[name](a.quick)
+        except Exception as e:  # noqa: BLE001  one broken benchmark must not lose the others' figures
+            traceback.print_exc()
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+        res["seconds"][name] = round(time.perf_counter() - t0, 1)
+        print(f"[bench] {name} done in {res['seconds'][name]} s", flush=True)
+        (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
+    res["targets"] = targets(res)
+    res["counters"] = vars(compilation_counter)
+    (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
+    if not a.no_plots:
+        from minivllm_compile.bench_plots import plot_all
+
+        res["plots"] = plot_all(res, out)
+        (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
+    for t in res["targets"]:
+        print(f"{'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {t['value']:.3g} (target {t['op']} {t['limit']}; "
+              f"{t['measured']})")
+    print(f"wrote {out / 'bench.json'}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
