@@ -121,6 +121,12 @@ def _direct(lm, name: str, ids, pos, md):
         return lambda *_: fn(*[list(x) if isinstance(x, list) else x for x in args])
 
 
+VARIANTS = {"eager": (M.NONE, None), "stock": (M.STOCK_TORCH_COMPILE, None),
+            "bytecode_hook": (M.DYNAMO_TRACE_ONCE, "1"), "dynamo_no_guards": (M.DYNAMO_TRACE_ONCE, "0"),
+            "vllm_bytecode_hook": (M.VLLM_COMPILE, "1")}
+DIRECT_OF = {"vllm_direct": "vllm_bytecode_hook", "bytecode_hook_direct": "bytecode_hook", "stock_direct": "stock"}
+
+
 def overhead_child(spec: dict) -> dict:
     """In a fresh process: build spec["variants"], time calls at each size, rounds interleaved."""
     torch.set_num_threads(1)
@@ -128,23 +134,14 @@ def overhead_child(spec: dict) -> dict:
     layers, be, sizes = spec["layers"], spec["backend"], spec["sizes"]
     calls = {}  # name -> (lm, VLLM_USE_BYTECODE_HOOK at call time or None, runner or None for direct)
     for name in spec["variants"]:
-        if name == "eager":
-            lm = build(M.NONE, layers)
-            calls[name] = (lm, None, lm._run_model)
-        elif name in ("bytecode_hook", "vllm_bytecode_hook"):
-            lm = build(M.DYNAMO_TRACE_ONCE if name == "bytecode_hook" else M.VLLM_COMPILE, layers, True, be)
-            calls[name] = (lm, "1", lm.model)
-        elif name.endswith("_direct"):  # the compiled callable without wrapper, guards or hook
-            calls[name] = (calls[{"vllm_direct": "vllm_bytecode_hook", "bytecode_hook_direct": "bytecode_hook",
-                                  "stock_direct": "stock"}[name]][0], None, None)
-        elif name in ("stock", "dynamo_no_guards"):
+        if name in DIRECT_OF:  # the compiled callable without wrapper, guards or hook
+            calls[name] = (calls[DIRECT_OF[name]][0], None, None)
+            continue
+        mode, hook = VARIANTS[name]
+        if name in ("stock", "dynamo_no_guards"):
             clear_dynamo_cache()  # this model is the only one in the process that enters Dynamo
-            if name == "stock":
-                lm = build(M.STOCK_TORCH_COMPILE, layers, True, be)
-                calls[name] = (lm, None, lm._run_model)
-            else:
-                lm = build(M.DYNAMO_TRACE_ONCE, layers, False, be)
-                calls[name] = (lm, "0", lm.model)
+        lm = build(mode, layers, hook != "0", be)
+        calls[name] = (lm, hook, lm._run_model if mode in (M.NONE, M.STOCK_TORCH_COMPILE) else lm.model)
     setups = {}
     tables = {id(lm): lm.allocate_caches([16]) for lm, _, _ in calls.values()}
     for n in sizes:

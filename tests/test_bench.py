@@ -1,0 +1,86 @@
+"""The benchmark suite runs end to end in its --quick configuration and writes the JSON the README's
+Performance section is built from. Structure only: timings on shared machines prove nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minivllm_compile.bench import NAMES, code_stats, targets
+
+STATS = {"median", "min", "max", "q1", "q3", "n"}
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.bench", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "bench.json").read_text()), proc.stdout, out
+
+
+def test_every_benchmark_ran_or_says_why_not(quick):
+    res, _, _ = quick
+    assert res["meta"]["quick"] is True
+    for name in NAMES:
+        assert "error" not in res[name], res[name]
+    # the fresh-process Inductor benchmarks are skipped in --quick, and say so
+    assert set(res["startup"]) == {"skipped"} and set(res["compile_scaling"]) == {"skipped"}
+
+
+def test_overhead_structure(quick):
+    o = quick[0]["overhead"]
+    variants = {"eager", "bytecode_hook", "bytecode_hook_direct", "vllm_bytecode_hook", "vllm_direct", "stock",
+                "stock_direct"}
+    assert set(o["per_call_us"]) == variants
+    assert set(o["per_call_us_second_process"]) == {"eager", "bytecode_hook", "bytecode_hook_direct",
+                                                    "dynamo_no_guards"}
+    for by_n in [*o["per_call_us"].values(), *o["overhead_above_direct_us"].values()]:
+        assert set(by_n) == {str(n) for n in o["config"]["sizes"]}
+        for s in by_n.values():
+            assert set(s) == STATS and s["n"] == o["config"]["rounds"] and s["min"] <= s["median"] <= s["max"]
+    assert all(isinstance(v, float) for v in o["ratios"].values())
+
+
+def test_fix_functionalization_and_generate_structure(quick):
+    res = quick[0]
+    f = res["fix_functionalization"]
+    for on in ("on", "off"):
+        assert set(f[on]["code"]) == {"empty_strided", "cpp_fused", "triton", "copy_kernels", "copy_calls",
+                                      "buffer_bytes"}
+        assert set(f[on]["step_us"]) == STATS
+    g = res["generate"]
+    assert set(g["modes"]) == {"eager", "stock", "dynamo_trace_once", "vllm_compile"}
+    for m in g["modes"].values():
+        assert m["new_tokens"] >= 1 and m["decode_tok_s"]["median"] > 0 and m["prefill_tok_s"]["median"] > 0
+
+
+def test_targets_printed_and_plots_written(quick):
+    res, stdout, out = quick
+    assert len(res["targets"]) == 4  # overhead (2) and generate (2); the skipped ones have none
+    for t in res["targets"]:
+        line = ("PASS" if t["pass"] else "FAIL") + f"  {t['target']}:"
+        assert line in stdout
+    for name in ("overhead", "fix_functionalization", "generate"):
+        assert (out / f"{name}.png").stat().st_size > 0 and res["plots"][name] == f"{name}.png"
+
+
+def test_code_stats_reads_inductor_source():
+    code = ("cpp_fused_clone_0 = async_compile.cpp_pybinding(['float*'], r'''\nextern \"C\" void kernel(){}''')\n"
+            "def call(self, args):\n"
+            "    buf0 = empty_strided_cpu((s72, 96), (96, 1), torch.float32)\n"
+            "    buf1 = empty_strided_cpu((4, 8), (8, 1), torch.bfloat16)\n"
+            "    buf0.copy_(arg0_1)\n")
+    s = code_stats([code], n=16)
+    assert s == {"empty_strided": 2, "cpp_fused": 1, "triton": 0, "copy_kernels": 1, "copy_calls": 1,
+                 "buffer_bytes": 16 * 96 * 4 + 4 * 8 * 2}
+
+
+def test_a_missed_target_fails_with_its_ratio():
+    t = targets({"startup": {"aot_speedup_vs_cold": 6.0}})
+    assert t == [{"target": "cold compile / AOT load", "value": 6.0, "op": ">=", "limit": 10.0, "pass": False,
+                  "measured": "first-call s, fresh processes"}]
