@@ -327,11 +327,17 @@ def bench_generate(q: bool) -> dict:
     prompts = [(str(i) + base)[:plen] for i in range(nprompt)]
     plen = len(ByteTokenizer().encode(prompts[0]))
     be = "eager" if q else "inductor"
+    # compiled modes with custom_ops=["none"], vLLM's default with Inductor: Inductor gets the
+    # plain-torch layers to fuse; "vllm_compile_custom_ops" keeps the opaque ops, for comparison
+    native = {"custom_ops": ["none"]}
     variants = {"eager": build(M.NONE, 2, max_tokens=256),
-                "dynamo_trace_once": build(M.DYNAMO_TRACE_ONCE, 2, backend=be, max_tokens=256),
-                "vllm_compile": build(M.VLLM_COMPILE, 2, backend=be, max_tokens=256, compile_sizes=[nprompt])}
+                "dynamo_trace_once": build(M.DYNAMO_TRACE_ONCE, 2, backend=be, max_tokens=256, **native),
+                "vllm_compile": build(M.VLLM_COMPILE, 2, backend=be, max_tokens=256, compile_sizes=[nprompt],
+                                      **native),
+                "vllm_compile_custom_ops": build(M.VLLM_COMPILE, 2, backend=be, max_tokens=256,
+                                                 compile_sizes=[nprompt])}
     clear_dynamo_cache()  # stock is then the only model entering Dynamo (the others use the hook)
-    variants["stock"] = build(M.STOCK_TORCH_COMPILE, 2, backend=be, max_tokens=256)
+    variants["stock"] = build(M.STOCK_TORCH_COMPILE, 2, backend=be, max_tokens=256, **native)
     steps_log: dict = {}
     for name, lm in variants.items():
         inner = lm.forward_step
@@ -350,7 +356,8 @@ def bench_generate(q: bool) -> dict:
             lm.generate(prompts, steps)
     samples = {k: {"prefill": [], "decode": [], "e2e": [], "new_tokens": []} for k in variants}
     for r in range(reps):
-        for name in list(variants)[r % 4:] + list(variants)[:r % 4]:
+        k = r % len(variants)
+        for name in list(variants)[k:] + list(variants)[:k]:
             steps_log[name] = []
             t0 = time.perf_counter()
             variants[name].generate(prompts, steps)
@@ -368,6 +375,7 @@ def bench_generate(q: bool) -> dict:
     d = {k: v["decode_tok_s"]["median"] for k, v in res.items()}
     return {"config": {"prompts": nprompt, "prompt_tokens": plen, "max_new_tokens": steps, "repeats": reps,
                        "backend": be, "vllm_compile_sizes": [nprompt], "threads": torch.get_num_threads()},
+            "custom_ops": {"compiled modes": ["none"], "eager and vllm_compile_custom_ops": ["all"]},
             "modes": res, "decode_ratio_vllm_vs_eager": d["vllm_compile"] / d["eager"],
             "decode_ratio_vllm_vs_stock": d["vllm_compile"] / d["stock"]}
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Iterator
 
 DEFAULT_SPLITTING_OPS = ["minivllm::unified_attention_with_output", "minivllm::short_conv"]
+# the layers that can run as a custom op or as plain torch (vLLM's CustomOp: forward_cuda / forward_native)
+CUSTOM_OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope")
 
 
 class CompilationMode(enum.IntEnum):
@@ -86,6 +89,10 @@ class CompilationConfig:
     inductor_compile_config: dict[str, Any] = field(default_factory=dict)
     pass_config: PassConfig = field(default_factory=PassConfig)
     enable_layerwise_nvtx_tracing: bool = False
+    # vLLM's custom_ops: "all" / "none", then "+name" / "-name" per op (names: CUSTOM_OPS). "all"
+    # keeps the in-place custom ops in the graph (what these notebooks study); "none" gives Inductor
+    # the plain-torch versions to fuse, which is vLLM's default when compiling with Inductor.
+    custom_ops: list[str] = field(default_factory=lambda: ["all"])
     cache_dir: str = ""
     compile_cache_save_format: str = "binary"  # "unpacked": the generated code as editable files
     debug_dump_path: str | None = None
@@ -118,6 +125,11 @@ class CompilationConfig:
         if bad:
             raise ValueError(f"CompilationConfig.splitting_ops {bad}: write each op as 'namespace::name' "
                              f"or 'namespace::name.overload', e.g. 'minivllm::unified_attention_with_output'")
+        bad = [c for c in self.custom_ops if c not in ("all", "none")
+               and not (c[:1] in "+-" and c[1:] in CUSTOM_OPS)]
+        if bad or not isinstance(self.custom_ops, list):
+            raise ValueError(f"CompilationConfig.custom_ops {bad or self.custom_ops}: use 'all', 'none', "
+                             f"'+name' or '-name' with a name from {list(CUSTOM_OPS)}")
         if isinstance(self.dynamic_shapes_config, dict):
             self.dynamic_shapes_config = DynamicShapesConfig(**self.dynamic_shapes_config)
         if isinstance(self.pass_config, dict):
@@ -135,6 +147,14 @@ class CompilationConfig:
             raise ValueError(f"CompilationConfig.{name} {bad}: every entry must be an int in "
                              f"[1, max_num_batched_tokens={upto}]")
         return sorted(set(sizes))
+
+    def custom_op_enabled(self, name: str) -> bool:
+        """vLLM's CustomOp.enabled(): an explicit +name/-name wins over all/none (default: all)."""
+        if f"+{name}" in self.custom_ops:
+            return True
+        if f"-{name}" in self.custom_ops:
+            return False
+        return "none" not in self.custom_ops
 
     def get_compile_ranges(self) -> list[Range]:
         """[Range(1, e0), Range(e0+1, e1), ..., Range(e_last+1, max_num_batched_tokens)], as vLLM
@@ -157,3 +177,21 @@ class CompilationConfig:
         # default=repr: a callable in inductor_compile_config still hashes (by its repr)
         text = json.dumps(self.hash_factors(), sort_keys=True, default=repr)
         return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+_current_config: CompilationConfig | None = None
+
+
+@contextmanager
+def set_current_compilation_config(config: CompilationConfig) -> Iterator[None]:
+    """The config layers see while a model is built (vLLM: set_current_vllm_config)."""
+    global _current_config
+    prev, _current_config = _current_config, config
+    try:
+        yield
+    finally:
+        _current_config = prev
+
+
+def get_current_compilation_config() -> CompilationConfig:
+    return _current_config or CompilationConfig(mode=CompilationMode.NONE)

@@ -54,7 +54,7 @@ def test_fix_functionalization_and_generate_structure(quick):
                                       "buffer_bytes"}
         assert set(f[on]["step_us"]) == STATS
     g = res["generate"]
-    assert set(g["modes"]) == {"eager", "stock", "dynamo_trace_once", "vllm_compile"}
+    assert set(g["modes"]) == {"eager", "stock", "dynamo_trace_once", "vllm_compile", "vllm_compile_custom_ops"}
     for m in g["modes"].values():
         assert m["new_tokens"] >= 1 and m["decode_tok_s"]["median"] > 0 and m["prefill_tok_s"]["median"] > 0
 

@@ -87,3 +87,12 @@ def test_counter_expect_checks_deltas():
 def test_unbacked_with_evaluate_guards_is_refused():
     with pytest.raises(ValueError, match="unbacked symbols add no shape guards"):
         DynamicShapesConfig(type=DynamicShapesType.UNBACKED, evaluate_guards=True)
+
+
+def test_custom_ops_switch_follows_vllm():
+    assert CompilationConfig().custom_op_enabled("rms_norm")  # default: all
+    none = CompilationConfig(custom_ops=["none", "+silu_and_mul"])
+    assert not none.custom_op_enabled("rms_norm") and none.custom_op_enabled("silu_and_mul")
+    assert not CompilationConfig(custom_ops=["all", "-rotary_embedding"]).custom_op_enabled("rotary_embedding")
+    with pytest.raises(ValueError, match="custom_ops.*'\\+name'"):
+        CompilationConfig(custom_ops=["+layernorm"])

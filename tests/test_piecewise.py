@@ -246,3 +246,22 @@ def test_the_compile_fx_adaptor_gives_the_same_model(monkeypatch, eager):
             ids = torch.randint(0, 258, (n,))
             torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)), atol=1e-4, rtol=1e-4)
     assert isinstance(lm.model.backend.compiler_manager.compiler, InductorAdaptor)
+
+
+@pytest.mark.parametrize("arch", ["llama", "hybrid"])
+def test_custom_ops_none_gives_inductor_plain_torch_to_fuse(arch):
+    """vLLM's default with Inductor: the layers run their plain-torch forward_native, so the
+    compiled pieces hold aten ops Inductor fuses instead of opaque custom ops."""
+    eager = build_model(arch, num_layers=2)
+    cc = vllm_cfg(custom_ops=["none"], compile_sizes=[4], compile_ranges_endpoints=[])
+    lm = build_model(arch, num_layers=2, compilation_config=cc)
+    for n in (4, 11):
+        ids = torch.randint(0, 258, (n,))
+        torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)), atol=1e-4, rtol=1e-4)
+    code = lm.model.backend.graphs[0].code
+    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope"):
+        assert f"minivllm.{op}" not in code, op
+    generated = "\n".join(c for e in lm.model.backend.compiler_manager.entries for c in e.code)
+    assert "torch.ops.minivllm." not in generated.replace("torch.ops.minivllm.unified", "").replace(
+        "torch.ops.minivllm.short_conv", "")  # no custom-op fallback left in the compiled pieces
+    assert generated.count("cpp_fused") > 2 * (L + 1)  # norms, activations and RoPE fused

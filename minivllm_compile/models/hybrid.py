@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 from minivllm_compile.models.config import ModelConfig
-from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding, ShortConv
+from minivllm_compile.kernels.qk_norm_rope import fused_qk_norm_rope_ref
+from minivllm_compile.models.layers import (Attention, LlamaMLP, RMSNorm, RotaryEmbedding, ShortConv,
+                                            use_custom_op)
 from minivllm_compile.models.llama import LlamaModel
 
 
@@ -24,12 +26,13 @@ class HybridAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, f"{prefix}.attn",
                               static_forward_context)
+        self.use_custom_op = use_custom_op("fused_qk_norm_rope")
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
-        torch.ops.minivllm.fused_qk_norm_rope(
-            qkv, self.num_heads, self.num_kv_heads, self.num_kv_heads, self.head_dim, self.eps,
-            self.q_norm.weight, self.k_norm.weight, self.rotary_emb.cos_sin_cache, True, positions)
+        qk_norm_rope = torch.ops.minivllm.fused_qk_norm_rope if self.use_custom_op else fused_qk_norm_rope_ref
+        qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.num_kv_heads, self.head_dim, self.eps,
+                     self.q_norm.weight, self.k_norm.weight, self.rotary_emb.cos_sin_cache, True, positions)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         return self.o_proj(self.attn(q, k, v))
 

@@ -10,7 +10,14 @@ import torch
 from torch import nn
 
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
-from minivllm_compile.kernels.rotary_embedding import compute_cos_sin_cache
+from minivllm_compile.config import get_current_compilation_config
+from minivllm_compile.kernels.qk_norm_rope import fused_qk_norm_rope_ref
+from minivllm_compile.kernels.rotary_embedding import compute_cos_sin_cache, rotary_embedding_ref
+
+
+def use_custom_op(name: str) -> bool:
+    """Decided once, when the layer is built, from the config the model is built with."""
+    return get_current_compilation_config().custom_op_enabled(name)
 
 
 class RMSNorm(nn.Module):
@@ -18,8 +25,19 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.use_custom_op = use_custom_op("rms_norm")
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Plain torch, out of place (same rounding as the kernels: fp32 math, one cast)."""
+        if residual is not None:
+            x = residual = (x.float() + residual.float()).to(x.dtype)
+        xf = x.float()
+        out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return out if residual is None else (out, residual)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if not self.use_custom_op:
+            return self.forward_native(x, residual)
         if residual is None:
             out = torch.empty_like(x)
             torch.ops.minivllm.rms_norm(out, x, self.weight, self.eps)
@@ -30,7 +48,14 @@ class RMSNorm(nn.Module):
 
 
 class SiluAndMul(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.use_custom_op = use_custom_op("silu_and_mul")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.use_custom_op:
+            d = x.shape[-1] // 2
+            return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
         out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
         torch.ops.minivllm.silu_and_mul(out, x)
         return out
@@ -43,8 +68,13 @@ class RotaryEmbedding(nn.Module):
         # not saved with the weights: it is a function of the config (as in vLLM)
         self.register_buffer(
             "cos_sin_cache", compute_cos_sin_cache(head_size, max_position, base), persistent=False)
+        self.use_custom_op = use_custom_op("rotary_embedding")
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
+        if not self.use_custom_op:  # the reference, on copies: plain torch ops Inductor can fuse
+            query, key = query.clone(), key.clone()
+            rotary_embedding_ref(positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)
+            return query, key
         torch.ops.minivllm.rotary_embedding(
             positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)
         return query, key

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm_compile.config import CompilationMode
+from minivllm_compile.config import CompilationConfig, CompilationMode, set_current_compilation_config
 from minivllm_compile.decorators import support_torch_compile
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding
@@ -60,10 +60,11 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg, self.compilation_config = cfg, compilation_config
         self.static_forward_context: dict = {}  # layer_name -> module, for the opaque ops
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            self.make_layer(cfg, f"{prefix}.layers.{i}", i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        with set_current_compilation_config(compilation_config or CompilationConfig(mode=CompilationMode.NONE)):
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.layers = nn.ModuleList(
+                self.make_layer(cfg, f"{prefix}.layers.{i}", i) for i in range(cfg.num_hidden_layers))
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         cc = compilation_config
         if cc is not None and cc.enable_layerwise_nvtx_tracing and cc.mode == CompilationMode.NONE:
             add_layerwise_hooks(self.layers, f"{prefix}.layers")  # compiled modes: see nvtx.py
