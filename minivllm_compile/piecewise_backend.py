@@ -49,8 +49,11 @@ def create_concrete_args(graph: fx.GraphModule, size: int) -> list[Any]:
         if isinstance(value, torch.Tensor):
             shape = [_concretize(d, size) for d in value.shape]
             stride = [_concretize(d, size) for d in value.stride()]
-            with fake_mode:
-                value = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+            offset = _concretize(value.storage_offset(), size)
+            extent = offset + sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if all(shape) else offset
+            with fake_mode:  # a view into a storage large enough for the offset, as the real input is
+                base = torch.empty(extent, dtype=value.dtype, device=value.device)
+                value = base.as_strided(shape, stride, offset)
         else:
             value = _concretize(value, size)
         args.append(value)

@@ -265,3 +265,15 @@ def test_custom_ops_none_gives_inductor_plain_torch_to_fuse(arch):
     assert "torch.ops.minivllm." not in generated.replace("torch.ops.minivllm.unified", "").replace(
         "torch.ops.minivllm.short_conv", "")  # no custom-op fallback left in the compiled pieces
     assert generated.count("cpp_fused") > 2 * (L + 1)  # norms, activations and RoPE fused
+
+
+def test_concrete_args_keep_strides_and_storage_offsets():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(torch.sin, (x,)))
+    with FakeTensorMode():
+        x.meta["example_value"] = torch.empty(4, 10)[1:, 2:7]  # a strided view, offset 12
+    (concrete,) = create_concrete_args(fx.GraphModule(torch.nn.Module(), g), 8)
+    assert (tuple(concrete.shape), concrete.stride(), concrete.storage_offset()) == ((3, 5), (10, 1), 12)
