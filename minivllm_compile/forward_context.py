@@ -75,10 +75,6 @@ def get_forward_context() -> ForwardContext:
     return _forward_context
 
 
-def is_forward_context_available() -> bool:
-    return _forward_context is not None
-
-
 @contextmanager
 def set_forward_context(
     attn_metadata: AttentionMetadata | None, no_compile_layers: dict[str, Any]
