@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from minivllm_compile import envs
+from minivllm_compile import cpu_isa, envs
 from minivllm_compile.compiler_interface import first_output
 from minivllm_compile.config import CompilationConfig, Range
 
@@ -180,9 +180,6 @@ class VllmSerializableFunction(SerializableCallable):
         from torch.fx._graph_pickler import GraphPickler
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        from minivllm_compile.counter import compilation_counter
-        from minivllm_compile.piecewise_backend import PiecewiseBackend
-
         state = pickle.loads(data)
         gm = GraphPickler.loads(state["graph"], FakeTensorMode(shape_env=ShapeEnv()))
         gm.recompile()
@@ -190,6 +187,15 @@ class VllmSerializableFunction(SerializableCallable):
             if isinstance(child, fx.GraphModule):
                 child.recompile()
         cc = pickle.loads(state["config"])
+        with cpu_isa.remembered_probe():  # else Inductor's ISA probe is most of the load's time
+            cls._load_pieces(gm, cc, state)
+        return cls(gm, cc, state["pieces"], None, state["save_format"])
+
+    @staticmethod
+    def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, state: dict) -> None:
+        from minivllm_compile.counter import compilation_counter
+        from minivllm_compile.piecewise_backend import PiecewiseBackend
+
         for p in state["pieces"]:
             runnables = {}
             for r, ref in p["entries"].items():
@@ -200,7 +206,6 @@ class VllmSerializableFunction(SerializableCallable):
                     runnables[r] = first_output(runnables[r])
             gm.__dict__[p["submod"]] = PiecewiseBackend.from_runnables(
                 cc, p["index"], p["sym_shape_indices"], runnables)
-        return cls(gm, cc, state["pieces"], None, state["save_format"])
 
 
 def _read_artifact_bytes(path: Path) -> bytes:

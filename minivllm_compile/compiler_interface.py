@@ -19,6 +19,7 @@ from unittest.mock import patch
 import torch
 import torch.fx as fx
 
+from minivllm_compile import cpu_isa
 from minivllm_compile.config import Range
 from minivllm_compile.counter import compilation_counter
 
@@ -174,5 +175,6 @@ def make_compiler(backend: str) -> CompilerInterface:
 def timed_compile(compiler: CompilerInterface, graph, example_inputs, config, compile_range,
                   graph_index: int) -> CompiledEntry:
     t0 = time.perf_counter()
-    runnable, code = compiler.compile(graph, example_inputs, config, compile_range)
+    with cpu_isa.remembered_probe():
+        runnable, code = compiler.compile(graph, example_inputs, config, compile_range)
     return CompiledEntry(runnable, compile_range, graph_index, time.perf_counter() - t0, code)

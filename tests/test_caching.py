@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter
+from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter, cpu_isa
 from minivllm_compile.models import build_model
 
 CHILD = r"""
@@ -19,6 +19,13 @@ sys.path.insert(0, sys.argv[3]) if len(sys.argv) > 3 else None
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
 spec = json.loads(sys.argv[1])
 cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, **spec.get("cc", {}))
+base_probes = []  # Inductor's per-process CPU ISA probe, the base check of each ISA (cpu_isa.py)
+from torch._inductor import cpu_vec_isa
+check_build = cpu_vec_isa.VecISA.check_build
+def counting(self, code):
+    base_probes.append(code == cpu_vec_isa.VecISA._avx_code)
+    return check_build(self, code)
+cpu_vec_isa.VecISA.check_build = counting
 if spec.get("toy"):
     import toy_model
     model = toy_model.Toy(compilation_config=cc)
@@ -28,7 +35,7 @@ else:
     lm = build_model("llama", num_layers=1, compilation_config=cc)
     out = lm(torch.arange(7), torch.arange(7))
 torch.save(out, sys.argv[2])
-print("COUNTERS " + json.dumps(vars(compilation_counter)))
+print("COUNTERS " + json.dumps({**vars(compilation_counter), "base_isa_probes": sum(base_probes)}))
 """
 
 
@@ -104,6 +111,45 @@ def test_a_corrupt_artifact_is_reported_once_and_rebuilt(saved, tmp_path):
     piece.write_bytes(b"not an artifact")
     proc, _ = run_child(root, tmp_path / "out5.pt", env={"VLLM_FORCE_AOT_LOAD": "1"})
     assert proc.returncode != 0 and "VLLM_FORCE_AOT_LOAD=1 and the AOT artifact" in proc.stderr
+
+
+@pytest.mark.skipif(cpu_isa._claimed() is None, reason="Inductor probes vector ISAs only on x86 Linux")
+def test_the_cpu_isa_probe_runs_once_per_machine_not_once_per_process(saved, tmp_path):
+    import shutil
+
+    root, first = saved
+    record = root / cpu_isa.RECORD_NAME
+    stored = json.loads(record.read_text())
+    assert list(stored) == [cpu_isa.probe_key()]
+    assert first["base_isa_probes"] > 0  # the compiling process probed, and stored the answer
+    proc, c = run_child(root, tmp_path / "out.pt")  # a loading process replays it
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert c["num_aot_artifacts_loaded"] == 1 and c["base_isa_probes"] == 0
+    assert torch.equal(torch.load(root / "out1.pt"), torch.load(tmp_path / "out.pt"))
+    # an unreadable record: reported once, Inductor probes, the record is rewritten
+    copy = tmp_path / "cache"
+    shutil.copytree(root, copy)
+    (copy / cpu_isa.RECORD_NAME).write_text("{not json")
+    proc, c = run_child(copy, tmp_path / "out2.pt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("is unreadable") == 1 and c["base_isa_probes"] > 0
+    assert json.loads((copy / cpu_isa.RECORD_NAME).read_text()) == stored
+
+
+def test_the_isa_record_obeys_disable_compile_cache(tmp_path, monkeypatch):
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    valid_vec_isa_list()  # this process has probed (or had already)
+    assert cpu_isa.replay() is False  # nothing to replay once the list is settled
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    cpu_isa.remember()
+    assert not (tmp_path / cpu_isa.RECORD_NAME).exists()
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    cpu_isa.remember()
+    if cpu_isa._claimed() is not None:
+        assert json.loads((tmp_path / cpu_isa.RECORD_NAME).read_text()) == {
+            cpu_isa.probe_key(): [str(isa) for isa in valid_vec_isa_list()]}
 
 
 def test_two_processes_compiling_at_once_leave_a_loadable_cache(tmp_path):
