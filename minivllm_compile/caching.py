@@ -153,7 +153,9 @@ class VllmSerializableFunction(SerializableCallable):
         from torch.fx._graph_pickler import GraphPickler, Options
 
         gm = fn.split_gm
-        saved = {name: gm.__dict__.pop(name) for name in [p["submod"] for p in fn.pieces] if name in gm.__dict__}
+        # what stands in for a submodule at run time (a piece's PiecewiseBackend, a profiler
+        # range) is not saved: the modules are, and the pieces' artifacts
+        saved = {name: gm.__dict__.pop(name) for name in list(gm._modules) if name in gm.__dict__}
         try:
             for m in [gm, *gm.children()]:
                 if isinstance(m, fx.GraphModule):
