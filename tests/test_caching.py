@@ -238,6 +238,8 @@ def test_disable_compile_cache_saves_nothing(tmp_path, monkeypatch):
     with compilation_counter.expect(num_aot_compiles=1, num_aot_artifacts_saved=0, num_compiled_artifacts_saved=0):
         lm(torch.arange(5), torch.arange(5))
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+    # the guards were dropped, so the fresh AOT function skips its guard check, as a loaded one does
+    assert lm.model.aot_compiled_fn._guard_check_enabled is False
 
 
 def test_an_unwritable_cache_degrades_to_memory(tmp_path, monkeypatch, caplog):
