@@ -8,3 +8,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # cache tests (test_caching.py) turn it back on, each in a fresh directory.
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="minivllm_test_cache_"))
 os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
+
+import pytest  # noqa: E402  (after the environment above, which must come first)
+
+
+@pytest.fixture(scope="session")
+def kernel_device() -> str:
+    """Where the Triton kernel tests run: the GPU when there is one and Triton is not in its
+    interpreter (scripts/gpu_check.sh exports TRITON_INTERPRET=0), else the CPU, interpreted."""
+    import torch
+
+    from minivllm_compile.kernels._compat import triton_interpret_enabled
+
+    return "cuda" if torch.cuda.is_available() and not triton_interpret_enabled() else "cpu"

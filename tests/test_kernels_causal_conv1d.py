@@ -1,5 +1,6 @@
-"""causal_conv1d (seed §16): Triton kernels (TRITON_INTERPRET=1 on CPU) against the torch
-references, and the references against formulas that share no code with them."""
+"""causal_conv1d (seed §16): Triton kernels (TRITON_INTERPRET=1 on CPU, compiled on a GPU: see
+conftest.kernel_device) against the torch references, and the references against formulas that
+share no code with them."""
 
 import pytest
 import torch
@@ -19,12 +20,19 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
+@pytest.fixture(autouse=True)
+def _on_kernel_device(kernel_device):
+    """Every tensor a test makes is created on the kernel device (conftest.kernel_device)."""
+    with torch.device(kernel_device):
+        yield
+
+
 def _qsl(lens):
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
 
 
 def _params(dim, width, dtype=torch.float32, seed=0, bias=True):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=torch.get_default_device()).manual_seed(seed)
     w = (torch.randn(dim, width, generator=g) / width).to(dtype)
     b = torch.randn(dim, generator=g).to(dtype) if bias else None
     return w, b, g

@@ -1,7 +1,8 @@
 """Triton kernels for RMSNorm, RoPE, SiLU-and-mul and fused QK-norm+RoPE against their references.
 
 The Triton kernels run on the CPU through Triton's interpreter (conftest.py sets
-TRITON_INTERPRET=1 before anything imports them). The references are themselves checked against
+TRITON_INTERPRET=1 before anything imports them), or compiled on a GPU where there is one and
+TRITON_INTERPRET=0 (scripts/gpu_check.sh): every test makes its tensors on conftest.kernel_device. The references are themselves checked against
 formulas written out here, so a wrong reference cannot make a wrong kernel pass.
 """
 
@@ -46,6 +47,13 @@ SHAPES = [(1, 96), (7, 200), (4, 128)]  # (num_tokens, hidden): non powers of tw
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _on_kernel_device(kernel_device):
+    """Every tensor a test makes is created on the kernel device (conftest.kernel_device)."""
+    with torch.device(kernel_device):
+        yield
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
