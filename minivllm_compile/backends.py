@@ -207,8 +207,7 @@ class VllmBackend:
     def __init__(self, compilation_config: CompilationConfig, prefix: str = "backbone"):
         self.compilation_config = compilation_config
         self.prefix = prefix
-        self.inductor_config = {k: v for k, v in compilation_config.inductor_compile_config.items()
-                                if k != "guard_filter_fn"}
+        self.inductor_config, _ = compilation_config.inductor_config_and_guard_filter()
         self.compiler_manager = CompilerManager(compilation_config, self.inductor_config)
         self.graphs: list[fx.GraphModule] = []  # the Dynamo graph (one: Dynamo traces once)
         self.piecewise_backends: list[PiecewiseBackend] = []

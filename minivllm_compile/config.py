@@ -162,6 +162,13 @@ class CompilationConfig:
         ends = sorted(set(self.compile_ranges_endpoints) | {self.max_num_batched_tokens})
         return [Range(s + 1, e) for s, e in zip([0, *ends[:-1]], ends)]
 
+    def inductor_config_and_guard_filter(self) -> tuple[dict[str, Any], Any]:
+        """inductor_compile_config without "guard_filter_fn", and that function (or None). It rides
+        in the same dict in vLLM but is an option of torch.compile, not an Inductor setting:
+        STOCK_TORCH_COMPILE passes it on, the other modes replace it with their own (seed §4)."""
+        config = dict(self.inductor_compile_config)
+        return config, config.pop("guard_filter_fn", None)
+
     def hash_factors(self) -> dict[str, Any]:
         factors = {}
         for f in fields(self):

@@ -73,8 +73,8 @@ def stock_torch_compile(module: nn.Module, compilation_config: CompilationConfig
     """STOCK_TORCH_COMPILE, done by the caller as vLLM's model runner does: plain torch.compile of
     the whole forward, guards kept (a user's guard_filter_fn too), recompiling on new shapes."""
     compilation_counter.stock_torch_compile_count += 1
-    cfg = dict(compilation_config.inductor_compile_config)
-    options = {"guard_filter_fn": cfg.pop("guard_filter_fn")} if "guard_filter_fn" in cfg else None
+    cfg, guard_filter = compilation_config.inductor_config_and_guard_filter()
+    options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
     backend = WholeGraphBackend(compilation_config.backend, cfg)
     compiled = torch.compile(module.forward, fullgraph=True, backend=backend, options=options)
     compiled.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile

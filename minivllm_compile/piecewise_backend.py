@@ -85,7 +85,7 @@ class PiecewiseBackend:
             self.range_entries[Range(size, size)] = RangeEntry(Range(size, size))
         for r in self.compile_ranges:
             self.range_entries.setdefault(r, RangeEntry(r))
-        self._runnable_for_shape: dict[int, Any] = {}  # filled by __call__, entries never change
+        self._entry_for_shape: dict[int, RangeEntry] = {}  # filled by __call__
         self.compile_all_ranges()
 
     @classmethod
@@ -98,7 +98,7 @@ class PiecewiseBackend:
         self.compile_ranges = compilation_config.get_compile_ranges()
         self.compile_sizes = list(compilation_config.compile_sizes or [])
         self.range_entries = {r: RangeEntry(r, CompiledEntry(fn, r, index)) for r, fn in runnables.items()}
-        self._runnable_for_shape = {}
+        self._entry_for_shape = {}
         return self
 
     def compile_all_ranges(self) -> None:
@@ -120,14 +120,14 @@ class PiecewiseBackend:
 
     def __call__(self, *args: Any) -> Any:
         runtime_shape = args[self.sym_shape_indices[0]]
-        runnable = self._runnable_for_shape.get(runtime_shape)
-        if runnable is not None:  # a size seen before: one dict lookup per piece per step
-            return runnable(*args)
+        entry = self._entry_for_shape.get(runtime_shape)  # a size seen before: one dict lookup
+        if entry is not None:
+            return entry.compiled.runnable(*args)
         entry = self._find_range_for_shape(runtime_shape)
         if entry is None:
             raise ValueError(
                 f"num_tokens={runtime_shape} is outside every compiled entry (sizes "
                 f"{self.compile_sizes}, ranges {self.compile_ranges}); raise max_num_batched_tokens "
                 "or add a compile size/range to the CompilationConfig (nothing is recompiled at run time)")
-        self._runnable_for_shape[runtime_shape] = entry.compiled.runnable
+        self._entry_for_shape[runtime_shape] = entry
         return entry.compiled.runnable(*args)

@@ -3,6 +3,8 @@
     cold     empty compile cache and empty Inductor cache: Dynamo, split, every Inductor compile
     warm     empty compile cache, warm Inductor cache: traced and split again, kernels from disk
     aot      the saved AOT artifact: no trace, no compile, artifacts loaded
+    aot_load_probing   the same, with Inductor's CPU vector-ISA probe run again (its stored answer
+             removed, see cpu_isa.py): what the AOT load cost before that answer was kept
 
 Used by the benchmark (python -m minivllm_compile.bench) and notebook 09. A measurement, never a
 test: these machines are shared and noisy.
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from minivllm_compile.cpu_isa import RECORD_NAME
 
 CHILD = r"""
 import json, sys, time
@@ -53,12 +57,14 @@ def startup_times(layers: int = 2, sizes: list[int] | None = None, endpoints: li
     start its own process; also the raw runs and the checksums (all equal: the same model)."""
     spec = {"layers": layers, "sizes": sizes if sizes is not None else [4, 8],
             "endpoints": endpoints if endpoints is not None else [16], "max": max_tokens}
-    runs: dict[str, list[dict]] = {"cold": [], "warm_inductor": [], "aot_load": []}
+    runs: dict[str, list[dict]] = {"cold": [], "warm_inductor": [], "aot_load": [], "aot_load_probing": []}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
             root, inductor = str(Path(tmp) / "vllm"), str(Path(tmp) / "inductor")
             runs["cold"].append(run_start(root, inductor, spec))  # compiles and saves
             runs["aot_load"].append(run_start(root, inductor, spec))  # loads the artifact
+            (Path(root) / RECORD_NAME).unlink(missing_ok=True)  # and again, probing the CPU
+            runs["aot_load_probing"].append(run_start(root, inductor, spec))
             # a fresh compile cache, the same Inductor cache: traced and compiled, kernels cached
             runs["warm_inductor"].append(run_start(str(Path(tmp) / "vllm2"), inductor, spec))
     med = {k: statistics.median(r["first_call_s"] for r in v) for k, v in runs.items()}

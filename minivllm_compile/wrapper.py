@@ -110,7 +110,7 @@ class TorchCompileWithNoGuardsWrapper:
         self._compiled_bytecode: CodeType | None = None
         # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here
         guard_filter = _keep_shape_env_guards if ds.evaluate_guards else _drop_all_guards
-        inductor_config = {k: v for k, v in cc.inductor_compile_config.items() if k != "guard_filter_fn"}
+        inductor_config, _ = cc.inductor_config_and_guard_filter()
         if mode == CompilationMode.VLLM_COMPILE:
             from minivllm_compile.backends import VllmBackend
 
