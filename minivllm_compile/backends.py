@@ -30,8 +30,36 @@ from minivllm_compile.piecewise_backend import PiecewiseBackend
 
 logger = logging.getLogger("minivllm_compile")
 
-# ops that only allocate: a piece made of nothing else is not worth compiling on its own
-ALLOCATION_OPS = {torch.empty, torch.empty_like, torch.zeros, torch.zeros_like, torch.empty_strided}
+def is_empty_allocation(node: fx.Node) -> bool:
+    """torch.empty / empty_like / empty_strided / Tensor.new_empty, in any of the forms a graph
+    holds them (a function, an op packet, an overload): uninitialised memory, nothing computed."""
+    if node.op == "call_method":
+        return node.target == "new_empty"
+    if node.op != "call_function":
+        return False
+    if node.target in (torch.empty, torch.empty_like, torch.empty_strided):
+        return True
+    name = node.target.name() if isinstance(node.target, torch._ops.OpOverload) else \
+        getattr(node.target, "_qualified_op_name", "")
+    return name.startswith(("aten::empty", "aten::new_empty"))
+
+
+def _merge_empty_only_subgraphs(node_to_id: dict[fx.Node, int], split_ids: set[int]) -> None:
+    """A piece that is one empty allocation (the output buffer of the splitting op after it) is
+    not worth a compile, or in vLLM a CUDA-graph capture, of its own: it joins the last compiled
+    (non-splitting) piece before it, if every input of the allocation exists by then. As vLLM."""
+    members: dict[int, list[fx.Node]] = {}
+    for node, i in node_to_id.items():
+        members.setdefault(i, []).append(node)
+    prev_compiled: int | None = None
+    for i in sorted(members):
+        nodes, merged = members[i], False
+        if len(nodes) == 1 and is_empty_allocation(nodes[0]) and prev_compiled is not None:
+            if all(n.op == "placeholder" or node_to_id[n] <= prev_compiled for n in nodes[0].all_input_nodes):
+                node_to_id[nodes[0]] = prev_compiled
+                merged = True
+        if not merged and i not in split_ids:
+            prev_compiled = i
 
 
 @dataclasses.dataclass
@@ -65,8 +93,8 @@ def _decompose_size_nodes(gm: fx.GraphModule) -> None:
 
 def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphModule, list[SplitItem]]:
     """Cut the graph before and after every splitting op. Rules: a getitem stays with its
-    producer; consecutive splitting ops share one piece; a piece that only allocates joins the
-    piece before it."""
+    producer; consecutive splitting ops share one piece; a piece that is one empty allocation
+    joins the compiled piece before it."""
     _decompose_size_nodes(gm)
     node_to_id: dict[fx.Node, int] = {}
     split_ids: set[int] = set()
@@ -87,17 +115,7 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
                 current += 1
                 in_split = False
             node_to_id[node] = current
-    # merge allocation-only pieces into their predecessor
-    members: dict[int, list[fx.Node]] = {}
-    for node, i in node_to_id.items():
-        members.setdefault(i, []).append(node)
-    for i, nodes in sorted(members.items()):
-        if i > 0 and i not in split_ids and all(n.target in ALLOCATION_OPS for n in nodes):
-            target = max(j for j in members if j < i and members[j])
-            for n in nodes:
-                node_to_id[n] = target
-            members[target] += nodes
-            members[i] = []
+    _merge_empty_only_subgraphs(node_to_id, split_ids)
     # keep_original_order: the in-place ops must run in program order across pieces
     split_gm = split_module(gm, None, lambda n: node_to_id[n], keep_original_order=True)
     items = []

@@ -198,11 +198,27 @@ def test_split_graph_rules():
     gm = _toy_graph()
     split_gm, items = split_graph(gm, ["minivllm::short_conv"])
     kinds = [(it.is_splitting_graph, sum(n.op == "call_function" for n in it.graph.graph.nodes)) for it in items]
-    # [sin] [conv, conv + the allocation] ... the allocation joined the splitting piece before it
+    # [sin + the allocation] [conv, conv] [conv] [split, ...]: as in vLLM, the allocation-only
+    # piece joined the last compiled piece before it, not the splitting piece next to it
     assert [k for k, _ in kinds] == [False, True, True, False]
-    assert kinds[1][1] == 3  # two consecutive convs and the empty_like that joined them
+    assert kinds[1][1] == 2  # the two consecutive convs
+    assert [n.target for n in items[0].graph.graph.nodes if n.op in ("call_function", "call_method")] == [
+        "sin", torch.empty_like]
     last = [n.target for n in items[3].graph.graph.nodes if n.op == "call_function"]
     assert last.count(operator.getitem) == 2  # the getitems stayed with the split that makes them
+
+
+def test_an_allocation_stays_where_its_input_is_not_yet_computed():
+    def f(x, out):
+        torch.ops.minivllm.short_conv(x, out, "a")
+        z = torch.empty_like(out)  # reads the conv's output: it cannot move before the conv
+        torch.ops.minivllm.short_conv(out, z, "b")
+        return z.cos()
+
+    items = split_graph(fx.symbolic_trace(f), ["minivllm::short_conv"])[1]
+    ops = [[n.target for n in it.graph.graph.nodes if n.op == "call_function"] for it in items]
+    assert [it.is_splitting_graph for it in items] == [True, False, True, False]
+    assert ops[1] == [torch.empty_like]  # no compiled piece before it: it stays a piece of its own
 
 
 def test_should_split_formats_and_unknown_names(caplog):
