@@ -57,6 +57,8 @@ def test_fix_functionalization_and_generate_structure(quick):
     assert set(g["modes"]) == {"eager", "stock", "dynamo_trace_once", "vllm_compile", "vllm_compile_custom_ops"}
     for m in g["modes"].values():
         assert m["new_tokens"] >= 1 and m["decode_tok_s"]["median"] > 0 and m["prefill_tok_s"]["median"] > 0
+    for other, r in g["decode_ratio_per_round"].items():  # the paired ratios behind the target lines
+        assert other in ("eager", "stock") and set(r) == STATS and 0 < r["min"] <= r["median"] <= r["max"]
 
 
 def test_targets_printed_and_plots_written(quick):
