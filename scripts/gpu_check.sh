@@ -101,6 +101,9 @@ if has pytest; then
     step tests 200 "$PY" -m pytest -p no:cacheprovider -q tests --junitxml="$DEST/tests.xml"
 else
     note "tests: SKIPPED (pytest not installed)"; FAILED+=("tests-skipped")
+    # without pytest, the tour still runs the Triton kernels (eager generate and the selfcheck)
+    # and the compiled model on this device
+    step tour 240 "$PY" -m minivllm_compile.tour
 fi
 
 # --- 2. every notebook under nbval ----------------------------------------------------------------
