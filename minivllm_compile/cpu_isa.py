@@ -126,9 +126,18 @@ def remember() -> None:
 
 @contextlib.contextmanager
 def remembered_probe() -> Iterator[None]:
-    """Around a compile or an artifact load: skip the probe if it was stored, store it if it ran."""
-    replay()
+    """Around a compile or an artifact load: skip the probe if it was stored, store it if it ran.
+    Only a shortcut: whatever goes wrong in it (no C++ compiler to name, a torch without these
+    internals) leaves Inductor to probe as it always does, and never fails the compile."""
+    _quietly(replay)
     try:
         yield
     finally:
-        remember()
+        _quietly(remember)
+
+
+def _quietly(step) -> None:
+    try:
+        step()
+    except Exception as e:  # noqa: BLE001 - see remembered_probe
+        logger.debug("cpu_isa.%s skipped: %s: %s", step.__name__, type(e).__name__, e)

@@ -152,6 +152,19 @@ def test_the_isa_record_obeys_disable_compile_cache(tmp_path, monkeypatch):
             cpu_isa.probe_key(): [str(isa) for isa in valid_vec_isa_list()]}
 
 
+def test_a_failing_isa_shortcut_never_fails_the_compile(tmp_path, monkeypatch):
+    def no_compiler():
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    monkeypatch.setattr(cpu_isa, "probe_key", no_compiler)
+    ran = []
+    with cpu_isa.remembered_probe():
+        ran.append(True)
+    assert ran == [True] and not (tmp_path / cpu_isa.RECORD_NAME).exists()
+
+
 def test_two_processes_compiling_at_once_leave_a_loadable_cache(tmp_path):
     environ = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0"}
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, "{}", str(tmp_path / f"o{i}.pt")], env=environ,
