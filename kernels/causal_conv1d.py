@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from minivllm_compile.kernels._compat import require_triton, tl, triton
+from minivllm_compile.kernels.layernorm import cast_to, check_launchable, needs_bf16_rtne
 
 # A cache index equal to this marks a padded batch entry: nothing is read, computed or written.
 PAD_SLOT_ID = -1
@@ -77,6 +78,7 @@ def _causal_conv1d_fwd_kernel(
     pad_slot_id,
     HAS_BIAS: tl.constexpr, KERNEL_WIDTH: tl.constexpr, SILU_ACTIVATION: tl.constexpr,
     NP2_STATELEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BF16_RTNE: tl.constexpr,
 ):
     # one program = one sequence x BLOCK_N channels, walking the sequence BLOCK_M tokens at a time
     idx_seq = tl.program_id(0)
@@ -106,7 +108,7 @@ def _causal_conv1d_fwd_kernel(
         if SILU_ACTIVATION:
             acc = acc / (1.0 + tl.exp(-acc))
         tl.store(o_base[None, :] + (idx_tokens * stride_o_token)[:, None],
-                 acc.to(o_ptr.dtype.element_ty), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
+                 cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
     # a sequence shorter than state_len keeps the tail of its old state (or zeros): VAL > 0
     _roll_conv_state(x_base, stride_x_token, s_base, stride_istate_token, seqlen, state_len,
                      seqlen, use_history, mask_f, NP2_STATELEN)
@@ -122,7 +124,7 @@ def _causal_conv1d_update_kernel(
     pad_slot_id,
     HAS_BIAS: tl.constexpr, KERNEL_WIDTH: tl.constexpr, SILU_ACTIVATION: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SPEC_DECODING: tl.constexpr, NP2_STATELEN: tl.constexpr,
-    NP2_SEQLEN: tl.constexpr, BLOCK_N: tl.constexpr,
+    NP2_SEQLEN: tl.constexpr, BLOCK_N: tl.constexpr, BF16_RTNE: tl.constexpr,
 ):
     idx_seq = tl.program_id(0)
     idx_feats = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -167,7 +169,7 @@ def _causal_conv1d_update_kernel(
         acc = acc / (1.0 + tl.exp(-acc))
     tl.store(o_ptr + o_offset + (idx_feats * stride_o_dim)[None, :]
              + (idx_tokens * stride_o_token)[:, None],
-             acc.to(o_ptr.dtype.element_ty), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
+             cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
     _roll_conv_state(x_base, stride_x_token, s_base, stride_conv_state_tok, seqlen, state_len,
                      src_shift, True, mask_f, NP2_STATELEN)
 
@@ -282,6 +284,7 @@ def causal_conv1d_fn(
 ) -> torch.Tensor:
     """Varlen prefill: x (dim, total_tokens) -> out (dim, total_tokens); updates conv_states."""
     require_triton("causal_conv1d_fn")
+    check_launchable("x", x)
     batch, width = _check_fn_args(x, weight, bias, conv_states, query_start_loc, cache_indices,
                                   has_initial_state)
     silu = _silu(activation)
@@ -297,6 +300,7 @@ def causal_conv1d_fn(
         *x.stride(), *weight.stride(), *conv_states.stride(), *out.stride(), pad_slot_id,
         HAS_BIAS=bias is not None, KERNEL_WIDTH=width, SILU_ACTIVATION=silu,
         NP2_STATELEN=triton.next_power_of_2(width - 1), BLOCK_M=16, BLOCK_N=block_n,
+        BF16_RTNE=needs_bf16_rtne(out),
     )
     return out
 
@@ -315,6 +319,7 @@ def causal_conv1d_update(
 ) -> torch.Tensor:
     """Decode: x (batch, dim), (batch, dim, seqlen) or varlen (num_tokens, dim); out like x."""
     require_triton("causal_conv1d_update")
+    check_launchable("x", x)
     batch, seqlen, width, state_len = _check_update_args(
         x, conv_state, weight, bias, conv_state_indices, num_accepted_tokens, query_start_loc,
         max_query_len)
@@ -338,7 +343,7 @@ def causal_conv1d_update(
         HAS_BIAS=bias is not None, KERNEL_WIDTH=width, SILU_ACTIVATION=silu,
         IS_VARLEN=query_start_loc is not None, IS_SPEC_DECODING=num_accepted_tokens is not None,
         NP2_STATELEN=triton.next_power_of_2(state_len), NP2_SEQLEN=triton.next_power_of_2(seqlen),
-        BLOCK_N=block_n,
+        BLOCK_N=block_n, BF16_RTNE=needs_bf16_rtne(out),
     )
     return out.squeeze(-1) if unsqueeze else out
 
@@ -386,14 +391,17 @@ def causal_conv1d_fn_ref(
                                   has_initial_state)
     silu, state_len = _silu(activation), width - 1
     out = torch.zeros_like(x)
+    # host lists, read once (on a GPU each element read would be a device sync)
     qsl = query_start_loc.tolist()
+    lines = list(range(batch)) if cache_indices is None else cache_indices.tolist()
+    initial = [False] * batch if has_initial_state is None else has_initial_state.tolist()
     for i in range(batch):
-        line = i if cache_indices is None else int(cache_indices[i])
+        line = lines[i]
         if line == pad_slot_id:
             continue
         start, end = qsl[i], qsl[i + 1]
         x_seq = x[:, start:end]
-        use_history = has_initial_state is not None and bool(has_initial_state[i])
+        use_history = bool(initial[i])
         old = conv_states[line, :, :state_len]
         history = old if use_history else torch.zeros_like(old)
         stream = torch.cat([history, x_seq], dim=1)
@@ -421,12 +429,16 @@ def causal_conv1d_update_ref(
         max_query_len)
     silu = _silu(activation)
     out = torch.zeros_like(x)
+    # host lists, read once (on a GPU each element read would be a device sync)
+    lines = list(range(batch)) if conv_state_indices is None else conv_state_indices.tolist()
+    qsl = None if query_start_loc is None else query_start_loc.tolist()
+    accepted = None if num_accepted_tokens is None else num_accepted_tokens.tolist()
     for i in range(batch):
-        line = i if conv_state_indices is None else int(conv_state_indices[i])
+        line = lines[i]
         if line == pad_slot_id:
             continue
-        if query_start_loc is not None:  # x (num_tokens, dim)
-            start, end = int(query_start_loc[i]), int(query_start_loc[i + 1])
+        if qsl is not None:  # x (num_tokens, dim)
+            start, end = qsl[i], qsl[i + 1]
             x_seq, out_seq = x[start:end].T, out[start:end].T
             sl = state_len - (seqlen - x_seq.shape[1])  # seed §16 state_len correction
         else:  # views (dim, seqlen) into x and out
@@ -434,7 +446,7 @@ def causal_conv1d_update_ref(
             sl = state_len
         if x_seq.shape[1] == 0:
             continue
-        offset = 0 if num_accepted_tokens is None else int(num_accepted_tokens[i]) - 1
+        offset = 0 if accepted is None else accepted[i] - 1
         old = conv_state[line]
         stream = torch.cat([old[:, offset : offset + width - 1], x_seq], dim=1)
         out_seq.copy_(_conv_stream(stream, weight, bias, silu))

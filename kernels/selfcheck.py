@@ -20,8 +20,8 @@ def _cases(dtype: torch.dtype, device: str) -> dict[str, Callable[[bool], list[t
     """name -> run(use_triton) returning every tensor the kernel writes."""
     g = torch.Generator().manual_seed(0)
 
-    def rand(*shape, dt=dtype):
-        return torch.randn(*shape, generator=g).to(device=device, dtype=dt)
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
     T, H, nq, nkv, hd = 7, 200, 3, 1, 48
     x, res, w = rand(T, H), rand(T, H), rand(H)
@@ -33,7 +33,7 @@ def _cases(dtype: torch.dtype, device: str) -> dict[str, Callable[[bool], list[t
     dim, width, lens = 100, 4, [1, 7, 3]
     qsl = torch.tensor([0, 1, 8, 11], dtype=torch.int32, device=device)
     cx, cw = rand(dim, sum(lens)), rand(dim, width)
-    states = rand(len(lens), dim, width - 1, dt=torch.float32).to(dtype)
+    states = rand(len(lens), dim, width - 1)
     init = torch.tensor([False, True, True], device=device)
     dx = rand(len(lens), dim)
 
