@@ -9,6 +9,7 @@ artifact into an error; VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import torch
@@ -46,7 +47,8 @@ def try_load(model) -> bool:
     try:
         with open(path, "rb") as f:
             fn = torch.compiler.load_compiled_function(f, f_globals=model.forward.__globals__)
-        changed = caching.changed_sources(fn.source_info())
+        source_info = fn.source_info()
+        changed = caching.changed_sources(source_info)
         if changed:
             raise RuntimeError(f"traced source changed since it was saved: {', '.join(changed[:3])}")
         if not model.compilation_config.dynamic_shapes_config.evaluate_guards:
@@ -57,8 +59,8 @@ def try_load(model) -> bool:
             raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 and the AOT artifact at {path} cannot be used: {reason}") from e
         logger.warning("AOT artifact %s is unusable (%s); compiling afresh", path, reason)
         return False
-    for src in fn.source_info().inlined_sources:
-        module = __import__("sys").modules.get(src.module)
+    for src in source_info.inlined_sources:
+        module = sys.modules.get(src.module)
         if module is not None and getattr(module, "__file__", None):
             model.compilation_config.traced_files.add(module.__file__)
     model.aot_compiled_fn = fn
@@ -70,7 +72,7 @@ def try_load(model) -> bool:
 def save(model) -> None:
     if envs.VLLM_DISABLE_COMPILE_CACHE:
         return
-    path = model.aot_path = aot_path(model)
+    path = model.aot_path  # try_load computed it before this compile
     try:
         with caching.locked(path.parent):  # torch writes it to a temp file renamed into place
             model.aot_compiled_fn.save_compiled_function(str(path))

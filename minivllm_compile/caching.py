@@ -116,7 +116,7 @@ def save_artifact(artifact: Any, path: Path, fmt: str) -> None:
     """CompiledArtifact.save into a temporary name, then renamed: never a half-written artifact."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     artifact.save(path=str(tmp), format=fmt)
-    if path.exists() and path.is_dir():
+    if path.is_dir():
         import shutil
 
         shutil.rmtree(path)
@@ -274,7 +274,7 @@ def _human(n: int) -> str:
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"
+    raise AssertionError("unreachable: GB always returns")
 
 
 def range_key(r: Range) -> str:

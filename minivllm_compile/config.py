@@ -177,6 +177,10 @@ class CompilationConfig:
             value = getattr(self, f.name)
             if f.name in ("dynamic_shapes_config", "pass_config"):
                 value = asdict(value)
+            elif f.name == "inductor_compile_config":
+                # guard_filter_fn changes no compiled code (and a function's repr carries its
+                # address, different in every process: the key would never match again)
+                value = self.inductor_config_and_guard_filter()[0]
             factors[f.name] = value
         return factors
 

@@ -17,7 +17,6 @@ or unreadable file, or VLLM_DISABLE_COMPILE_CACHE=1 leaves Inductor to probe as 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -68,7 +67,9 @@ def probe_key() -> str:
     factors = {"torch": torch.__version__, "torch_git": getattr(torch.version, "git_version", ""),
                "python": sys.executable, "compiler": resolved, "claimed": _claimed(),
                "cpu": platform.processor() or platform.machine()}
-    return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()[:16]
+    from minivllm_compile.caching import _sha
+
+    return _sha(json.dumps(factors, sort_keys=True), 16)
 
 
 def _read(warn: bool = True) -> dict:
