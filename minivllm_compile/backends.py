@@ -275,7 +275,6 @@ class VllmBackend:
         self.configure_post_pass()
         cc = self.compilation_config
         warn_unknown_splitting_ops(cc.splitting_ops)
-        self.graph_before_split = gm.print_readable(print_output=False)
         self.split_gm, self.piecewise_graphs = split_graph(gm, cc.splitting_ops)
         compilation_counter.num_piecewise_graphs_seen += len(self.piecewise_graphs)
         names = [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph]
@@ -302,11 +301,8 @@ class VllmBackend:
                 names = [a for n in it.graph.graph.nodes for a in n.args if isinstance(a, str)]
                 label = names[0] if names else it.submod_name
             else:
-                label = f"piece {self.compile_submod_index(it.submod_name)} (compiled)"
+                label = f"piece {runnable.piecewise_compile_index} (compiled)"
             self.split_gm.__dict__[it.submod_name] = RangeWrapper(runnable, label)
-
-    def compile_submod_index(self, submod_name: str) -> int:
-        return [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph].index(submod_name)
 
     def _write_computation_graph(self) -> None:
         if self.cache_dir is None:

@@ -11,6 +11,8 @@ cache and the step's metadata from the forward context. They are the default spl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -26,9 +28,10 @@ def _use_triton(t: Tensor) -> bool:
     return t.is_cuda and HAS_TRITON
 
 
-def _check(op: str, cond: bool, msg: str) -> None:
+def _check(op: str, cond: bool, msg: str | Callable[[], str]) -> None:
+    # these run on every call of every op, every step: a message is formatted only when raised
     if not cond:
-        raise ValueError(f"minivllm::{op}: {msg}")
+        raise ValueError(f"minivllm::{op}: {msg() if callable(msg) else msg}")
 
 
 def _check_like(op: str, tensors: dict[str, Tensor | None]) -> None:
@@ -37,14 +40,14 @@ def _check_like(op: str, tensors: dict[str, Tensor | None]) -> None:
     first_name, first = items[0]
     for name, t in items[1:]:
         _check(op, t.device == first.device,
-               f"`{name}` is on {t.device} but `{first_name}` is on {first.device}; move them to one device")
+               lambda: f"`{name}` is on {t.device} but `{first_name}` is on {first.device}; move them to one device")
         _check(op, t.dtype == first.dtype,
-               f"`{name}` is {t.dtype} but `{first_name}` is {first.dtype}; cast them to one dtype")
+               lambda: f"`{name}` is {t.dtype} but `{first_name}` is {first.dtype}; cast them to one dtype")
 
 
 def _check_norm(op: str, x: Tensor, weight: Tensor) -> None:
     _check(op, weight.dim() == 1 and weight.shape[0] == x.shape[-1],
-           f"`weight` has shape {tuple(weight.shape)} but the hidden size of `input` is {x.shape[-1]}")
+           lambda: f"`weight` has shape {tuple(weight.shape)} but the hidden size of `input` is {x.shape[-1]}")
 
 
 # --- normalisation --------------------------------------------------------------------------
@@ -53,7 +56,8 @@ def _check_norm(op: str, x: Tensor, weight: Tensor) -> None:
 def rms_norm(out: Tensor, input: Tensor, weight: Tensor, eps: float) -> None:
     _check_like("rms_norm", {"input": input, "out": out, "weight": weight})
     _check("rms_norm", out.shape == input.shape,
-           f"`out` has shape {tuple(out.shape)} but `input` has {tuple(input.shape)}; pass torch.empty_like(input)")
+           lambda: f"`out` has shape {tuple(out.shape)} but `input` has {tuple(input.shape)}; "
+                   "pass torch.empty_like(input)")
     _check_norm("rms_norm", input, weight)
     (layernorm.rms_norm_triton if _use_triton(input) else layernorm.rms_norm_ref)(out, input, weight, eps)
 
@@ -67,7 +71,7 @@ def _(out, input, weight, eps):
 def fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
     _check_like("fused_add_rms_norm", {"input": input, "residual": residual, "weight": weight})
     _check("fused_add_rms_norm", residual.shape == input.shape,
-           f"`residual` has shape {tuple(residual.shape)} but `input` has {tuple(input.shape)}")
+           lambda: f"`residual` has shape {tuple(residual.shape)} but `input` has {tuple(input.shape)}")
     _check_norm("fused_add_rms_norm", input, weight)
     fn = layernorm.fused_add_rms_norm_triton if _use_triton(input) else layernorm.fused_add_rms_norm_ref
     fn(input, residual, weight, eps)
@@ -82,13 +86,13 @@ def _(input, residual, weight, eps):
 
 def _check_rope(op: str, positions: Tensor, query: Tensor, head_size: int, cos_sin_cache: Tensor) -> None:
     _check(op, positions.dtype in (torch.int32, torch.int64),
-           f"`positions` must be an integer tensor, got {positions.dtype}")
+           lambda: f"`positions` must be an integer tensor, got {positions.dtype}")
     _check(op, positions.device == query.device,
-           f"`positions` is on {positions.device} but `query` is on {query.device}")
+           lambda: f"`positions` is on {positions.device} but `query` is on {query.device}")
     _check(op, positions.numel() == query.shape[0],
-           f"`positions` has {positions.numel()} entries but `query` has {query.shape[0]} tokens")
+           lambda: f"`positions` has {positions.numel()} entries but `query` has {query.shape[0]} tokens")
     _check(op, cos_sin_cache.shape[-1] <= head_size,
-           f"`cos_sin_cache` rotates {cos_sin_cache.shape[-1]} dims, more than head_size={head_size}")
+           lambda: f"`cos_sin_cache` rotates {cos_sin_cache.shape[-1]} dims, more than head_size={head_size}")
 
 
 @torch.library.custom_op("minivllm::rotary_embedding", mutates_args=("query", "key"))
@@ -116,10 +120,10 @@ def fused_qk_norm_rope(
     _check_like(op, {"qkv": qkv, "q_weight": q_weight, "k_weight": k_weight})
     width = (num_heads_q + num_heads_k + num_heads_v) * head_dim
     _check(op, qkv.dim() == 2 and qkv.shape[1] == width,
-           f"`qkv` has shape {tuple(qkv.shape)}, expected [num_tokens, {width}] "
+           lambda: f"`qkv` has shape {tuple(qkv.shape)}, expected [num_tokens, {width}] "
            f"(({num_heads_q}+{num_heads_k}+{num_heads_v}) heads x head_dim {head_dim})")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        _check(op, w.shape == (head_dim,), f"`{name}` has shape {tuple(w.shape)}, expected ({head_dim},)")
+        _check(op, w.shape == (head_dim,), lambda: f"`{name}` has shape {tuple(w.shape)}, expected ({head_dim},)")
     _check_rope(op, position_ids, qkv, head_dim, cos_sin_cache)
     fn = qk_norm_rope.fused_qk_norm_rope_triton if _use_triton(qkv) else qk_norm_rope.fused_qk_norm_rope_ref
     fn(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
@@ -139,7 +143,7 @@ def silu_and_mul(out: Tensor, input: Tensor) -> None:
     _check_like("silu_and_mul", {"input": input, "out": out})
     d = input.shape[-1] // 2
     _check("silu_and_mul", input.shape[-1] % 2 == 0 and out.shape == (*input.shape[:-1], d),
-           f"`out` has shape {tuple(out.shape)}; for `input` of shape {tuple(input.shape)} it must be "
+           lambda: f"`out` has shape {tuple(out.shape)}; for `input` of shape {tuple(input.shape)} it must be "
            f"{(*input.shape[:-1], d)} (input holds gate and up halves side by side)")
     (activation.silu_and_mul_triton if _use_triton(input) else activation.silu_and_mul_ref)(out, input)
 
@@ -151,8 +155,8 @@ def _(out, input):
 
 # --- the opaque mixers: the default splitting ops ---------------------------------------------
 
-def _layer(op: str, layer_name: str):
-    layers = get_forward_context().no_compile_layers
+def _layer(op: str, layer_name: str, ctx):
+    layers = ctx.no_compile_layers
     if layer_name not in layers:
         raise KeyError(f"minivllm::{op}: no layer named {layer_name!r} in the forward context "
                        f"(known: {sorted(layers)[:6]}{' ...' if len(layers) > 6 else ''})")
@@ -168,18 +172,18 @@ def unified_attention_with_output(
     op = "unified_attention_with_output"
     _check_like(op, {"query": query, "key": key, "value": value, "output": output})
     _check(op, output.shape == query.shape,
-           f"`output` has shape {tuple(output.shape)} but `query` has {tuple(query.shape)}")
+           lambda: f"`output` has shape {tuple(output.shape)} but `query` has {tuple(query.shape)}")
     _check(op, key.shape == value.shape and key.shape[0] == query.shape[0],
-           f"`key` {tuple(key.shape)} and `value` {tuple(value.shape)} must match each other and "
+           lambda: f"`key` {tuple(key.shape)} and `value` {tuple(value.shape)} must match each other and "
            f"have {query.shape[0]} tokens like `query`")
     ctx = get_forward_context()
-    layer = _layer(op, layer_name)
+    layer = _layer(op, layer_name, ctx)
     md = ctx.attn_metadata
     if md is None:  # dummy run (vLLM's profile run): no cache, no metadata
         output.zero_()
         return
     _check(op, md.num_tokens == query.shape[0],
-           f"the batch has {query.shape[0]} tokens but the attention metadata describes {md.num_tokens}")
+           lambda: f"the batch has {query.shape[0]} tokens but the attention metadata describes {md.num_tokens}")
     hd = layer.head_size
     paged_attention.reshape_and_cache_ref(
         key.view(-1, layer.num_kv_heads, hd), value.view(-1, layer.num_kv_heads, hd),
@@ -203,9 +207,9 @@ def short_conv(hidden_states: Tensor, output: Tensor, layer_name: str) -> None:
     op = "short_conv"
     _check_like(op, {"hidden_states": hidden_states, "output": output})
     _check(op, output.shape == hidden_states.shape,
-           f"`output` has shape {tuple(output.shape)} but `hidden_states` has {tuple(hidden_states.shape)}")
+           lambda: f"`output` has shape {tuple(output.shape)} but `hidden_states` has {tuple(hidden_states.shape)}")
     ctx = get_forward_context()
-    layer = _layer(op, layer_name)
+    layer = _layer(op, layer_name, ctx)
     md = ctx.attn_metadata
     if md is None:
         output.zero_()

@@ -71,21 +71,16 @@ class PiecewiseBackend:
                  total_piecewise_compiles: int, sym_shape_indices: list[int]):
         self.graph = graph
         self.vllm_backend = vllm_backend
-        self.compilation_config = cc = vllm_backend.compilation_config
-        self.piecewise_compile_index = piecewise_compile_index
         self.total_piecewise_compiles = total_piecewise_compiles
-        self.sym_shape_indices = sym_shape_indices
         if not sym_shape_indices:
             raise RuntimeError(f"piece {piecewise_compile_index} takes no num_tokens argument; "
                                "a piece must depend on the marked dynamic dimension")
-        self.compile_ranges = cc.get_compile_ranges()
-        self.compile_sizes = list(cc.compile_sizes or [])  # None is [] (seed §5's bug: gone)
+        self._init_dispatch(vllm_backend.compilation_config, piecewise_compile_index, sym_shape_indices)
         self.range_entries: dict[Range, RangeEntry] = {}
         for size in self.compile_sizes:  # a size is its own single-size range, winning over its range
             self.range_entries[Range(size, size)] = RangeEntry(Range(size, size))
         for r in self.compile_ranges:
             self.range_entries.setdefault(r, RangeEntry(r))
-        self._entry_for_shape: dict[int, RangeEntry] = {}  # filled by __call__
         self.compile_all_ranges()
 
     @classmethod
@@ -93,13 +88,18 @@ class PiecewiseBackend:
                        runnables: dict[Range, Any]) -> "PiecewiseBackend":
         """A piece loaded from the cache: the same dispatch, nothing compiled."""
         self = cls.__new__(cls)
-        self.graph, self.vllm_backend, self.compilation_config = None, None, compilation_config
-        self.piecewise_compile_index, self.sym_shape_indices = index, sym_shape_indices
-        self.compile_ranges = compilation_config.get_compile_ranges()
-        self.compile_sizes = list(compilation_config.compile_sizes or [])
+        self.graph, self.vllm_backend = None, None
+        self._init_dispatch(compilation_config, index, sym_shape_indices)
         self.range_entries = {r: RangeEntry(r, CompiledEntry(fn, r, index)) for r, fn in runnables.items()}
-        self._entry_for_shape = {}
         return self
+
+    def _init_dispatch(self, cc, index: int, sym_shape_indices: list[int]) -> None:
+        """What __call__ reads, for a compiled piece and a loaded one alike."""
+        self.compilation_config = cc
+        self.piecewise_compile_index, self.sym_shape_indices = index, sym_shape_indices
+        self.compile_ranges = cc.get_compile_ranges()
+        self.compile_sizes = list(cc.compile_sizes or [])  # None is [] (seed §5's bug: gone)
+        self._entry_for_shape: dict[int, RangeEntry] = {}  # filled by __call__
 
     def compile_all_ranges(self) -> None:
         """Compile every entry now, at start-up, so no request ever waits for a compile (§5)."""

@@ -100,7 +100,6 @@ def test_short_conv_op_matches_a_plain_conv1d():
     layer = lm.model.static_forward_context["model.layers.0.conv"]
     dim, width = layer.conv_weight.shape
     h = torch.randn(11, dim)
-    lm.allocate_caches([11])
     md = lm.metadata([11], [11], [0], lm.allocate_caches([11]))
     out = torch.empty_like(h)
     with torch.no_grad(), set_forward_context(md, lm.model.static_forward_context):

@@ -11,7 +11,6 @@ from torch import nn
 
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile.config import get_current_compilation_config
-from minivllm_compile.kernels.qk_norm_rope import fused_qk_norm_rope_ref
 from minivllm_compile.kernels.rotary_embedding import compute_cos_sin_cache, rotary_embedding_ref
 
 

@@ -68,9 +68,10 @@ class LM:
         """Metadata for one step: sequence seq_ids[i] adds query_lens[i] tokens, reaching seq_lens[i]."""
         dev = self.device
         slots = []
+        host_table = block_table.cpu()  # once per step (per sequence it would sync a GPU each time)
         for q, s, sid in zip(query_lens, seq_lens, seq_ids):
             pos = torch.arange(s - q, s)
-            slots.append(block_table[sid].cpu()[pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
+            slots.append(host_table[sid][pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
         qsl = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
         qsl[1:] = torch.tensor(query_lens).cumsum(0)
         return AttentionMetadata(
