@@ -279,8 +279,6 @@ class VllmBackend:
         compilation_counter.num_piecewise_graphs_seen += len(self.piecewise_graphs)
         names = [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph]
         PiecewiseCompileInterpreter(self.split_gm, names, self).run(*example_inputs)
-        if cc.enable_layerwise_nvtx_tracing:
-            self._add_ranges()
         self._write_computation_graph()
         pieces = [{"submod": pb.submod_name, "index": pb.piecewise_compile_index,
                    "sym_shape_indices": pb.sym_shape_indices,
@@ -290,19 +288,6 @@ class VllmBackend:
                   for pb in self.piecewise_backends]
         return caching.VllmSerializableFunction(self.split_gm, cc, pieces, self.cache_dir,
                                                 cc.compile_cache_save_format)
-
-    def _add_ranges(self) -> None:
-        """Profiler ranges where Python still runs: around each piece and each splitting op (seed §12)."""
-        from minivllm_compile.nvtx import RangeWrapper
-
-        for it in self.piecewise_graphs:
-            runnable = self.split_gm.__dict__.get(it.submod_name, it.graph)
-            if it.is_splitting_graph:  # name it after the layer its op serves
-                names = [a for n in it.graph.graph.nodes for a in n.args if isinstance(a, str)]
-                label = names[0] if names else it.submod_name
-            else:
-                label = f"piece {runnable.piecewise_compile_index} (compiled)"
-            self.split_gm.__dict__[it.submod_name] = RangeWrapper(runnable, label)
 
     def _write_computation_graph(self) -> None:
         if self.cache_dir is None:

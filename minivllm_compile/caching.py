@@ -144,6 +144,10 @@ class VllmSerializableFunction(SerializableCallable):
         self.pieces = pieces  # [{"submod": name, "index": i, "sym_shape_indices": [...], "entries": {...}}]
         self.cache_dir = cache_dir
         self.save_format = save_format
+        if compilation_config.enable_layerwise_nvtx_tracing:  # seed §12: not saved, so added here
+            from minivllm_compile.nvtx import add_stitching_ranges
+
+            add_stitching_ranges(split_gm)
 
     def __call__(self, *args: Any) -> Any:
         return self.split_gm(*args)

@@ -33,6 +33,23 @@ def _pop(handle: Any) -> None:
         torch.cuda.nvtx.range_pop()
 
 
+def add_stitching_ranges(split_gm: nn.Module) -> None:
+    """A range around every submodule the stitching graph calls: a compiled piece named by its
+    index, a splitting op after the layer it serves. Called for a freshly compiled and for a
+    loaded stitching graph alike (caching.VllmSerializableFunction)."""
+    for name, child in split_gm.named_children():
+        runnable = split_gm.__dict__.get(name, child)  # a piece's PiecewiseBackend stands there
+        if isinstance(runnable, RangeWrapper):
+            continue
+        index = getattr(runnable, "piecewise_compile_index", None)
+        if index is not None:
+            label = f"piece {index} (compiled)"
+        else:  # a splitting op: its layer_name argument
+            names = [a for n in child.graph.nodes for a in n.args if isinstance(a, str)]
+            label = names[0] if names else name
+        split_gm.__dict__[name] = RangeWrapper(runnable, label)
+
+
 @contextmanager
 def layer_range(name: str) -> Iterator[None]:
     handle = _push(name)

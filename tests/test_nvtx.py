@@ -28,3 +28,16 @@ def test_piecewise_model_gets_ranges_around_pieces_and_splitting_ops():
     names = _ranges(build_model("llama", num_layers=2, compilation_config=cc))
     assert names == ["piece 0 (compiled)", "model.layers.0.self_attn.attn", "piece 1 (compiled)",
                      "model.layers.1.self_attn.attn", "piece 2 (compiled)"]
+
+
+def test_a_model_loaded_from_the_cache_keeps_its_ranges(tmp_path, monkeypatch):
+    from minivllm_compile import compilation_counter
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    cc = lambda: CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16,  # noqa: E731
+                                   enable_layerwise_nvtx_tracing=True)
+    first = _ranges(build_model("llama", num_layers=1, compilation_config=cc()))
+    with compilation_counter.expect(num_aot_artifacts_loaded=1, num_inductor_compiles=0):
+        loaded = _ranges(build_model("llama", num_layers=1, compilation_config=cc()))
+    assert first == loaded == ["piece 0 (compiled)", "model.layers.0.self_attn.attn", "piece 1 (compiled)"]
