@@ -36,7 +36,6 @@ from minivllm_compile.forward_context import set_forward_context
 M = CompilationMode
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SKIP = "--quick: Inductor compiles in fresh processes take minutes; run without --quick"
-NAMES = ["overhead", "startup", "fix_functionalization", "compile_scaling", "generate"]
 
 
 def stats(xs: list[float]) -> dict:
@@ -143,7 +142,8 @@ def overhead_child(spec: dict) -> dict:
         lm = build(mode, layers, hook != "0", be)
         calls[name] = (lm, hook, lm._run_model if mode in (M.NONE, M.STOCK_TORCH_COMPILE) else lm.model)
     setups = {}
-    tables = {id(lm): lm.allocate_caches([16]) for lm, _, _ in calls.values()}
+    models = {id(lm): lm for lm, _, _ in calls.values()}  # a *_direct variant shares its model
+    tables = {key: lm.allocate_caches([16]) for key, lm in models.items()}
     for n in sizes:
         for name, (lm, hook, run) in calls.items():
             ids, pos = torch.zeros(n, dtype=torch.long, device=DEVICE), torch.arange(n, device=DEVICE)
@@ -206,8 +206,7 @@ def bench_overhead(q: bool) -> dict:
 
     return {"config": base, "groups": groups, "per_call_us": total[0], "per_call_us_second_process": total[1],
             "overhead_above_direct_us": extra,
-            "ratios": {"bytecode_hook_vs_stock_overhead": statistics.median(
-                           extra["bytecode_hook"][n]["median"] / extra["stock"][n]["median"] for n in sizes),
+            "ratios": {"bytecode_hook_vs_stock_overhead": ratio(extra, "bytecode_hook", "stock"),
                        "bytecode_hook_vs_stock_call": ratio(total[0], "bytecode_hook", "stock"),
                        "vllm_hook_vs_direct_call": ratio(total[0], "vllm_bytecode_hook", "vllm_direct"),
                        "dynamo_no_guards_vs_bytecode_hook_call": ratio(total[1], "dynamo_no_guards", "bytecode_hook"),
@@ -299,13 +298,13 @@ def bench_compile_scaling(q: bool) -> dict:
         return {"first_call_s": r["first_call_s"], "num_inductor_compiles": c["num_inductor_compiles"],
                 "num_backend_compilations": c["num_backend_compilations"]}
 
-    layer_pts = [1, 2] if q else [1, 2, 4, 8]
+    layer_pts = [1, 2, 4, 8]
     size_pts = [([4, 8], []), ([4, 8], [16]), ([4, 8], [16, 32])]
     by_layers = []
     for L in layer_pts:  # the two ends (the target's ratio) twice, the middle once
-        runs = [cold(L, [], []) for _ in range(2 if L in (1, 8) else 1)]
+        runs = [cold(L, [], []) for _ in range(2 if L in (layer_pts[0], layer_pts[-1]) else 1)]
         by_layers.append({"layers": L, "wall_s": stats([x["first_call_s"] for x in runs]), **runs[0]})
-    by_sizes = [{"sizes": [], "endpoints": [], **by_layers[1], "wall_s": by_layers[1]["wall_s"]}]
+    by_sizes = [{"sizes": [], "endpoints": [], **by_layers[1]}]
     for sizes, endpoints in size_pts:
         x = cold(2, sizes, endpoints)
         by_sizes.append({"sizes": sizes, "endpoints": endpoints, "wall_s": stats([x["first_call_s"]]), **x})
@@ -418,6 +417,7 @@ def targets(r: dict) -> list[dict]:
 
 BENCHES = {"overhead": bench_overhead, "startup": bench_startup, "fix_functionalization": bench_fix_functionalization,
            "compile_scaling": bench_compile_scaling, "generate": bench_generate}
+NAMES = list(BENCHES)
 
 
 def main(argv: list[str] | None = None) -> dict:

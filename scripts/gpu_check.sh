@@ -18,6 +18,7 @@ DEST=${OUT:-$ROOT/gpu_check_out}
 mkdir -p "$DEST"
 PY=${PYTHON:-python3}
 SCALE=${GPU_CHECK_TIME_SCALE:-1}
+[[ $SCALE =~ ^[1-9][0-9]*$ ]] || { echo "GPU_CHECK_TIME_SCALE must be a positive integer, got '$SCALE'" >&2; exit 2; }
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     export TRITON_INTERPRET=0 MODE=gpu
 else
@@ -38,7 +39,10 @@ step() {
     local rc=$?
     if [ $rc -eq 0 ]; then note "$name: PASS"
     else
-        [ $rc -eq 124 ] || [ $rc -eq 137 ] && note "$name: TIMEOUT after ${secs}s (rc $rc)" || note "$name: FAIL (rc $rc)"
+        case $rc in
+            124|137) note "$name: TIMEOUT after ${secs}s (rc $rc)" ;;
+            *) note "$name: FAIL (rc $rc)" ;;
+        esac
         FAILED+=("$name")
     fi
     tail -n 15 "$DEST/$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"

@@ -43,7 +43,9 @@ def test_overhead_structure(quick):
         assert set(by_n) == {str(n) for n in o["config"]["sizes"]}
         for s in by_n.values():
             assert set(s) == STATS and s["n"] == o["config"]["rounds"] and s["min"] <= s["median"] <= s["max"]
-    assert all(isinstance(v, float) for v in o["ratios"].values())
+    assert set(o["ratios"]) == {"bytecode_hook_vs_stock_overhead", "bytecode_hook_vs_stock_call",
+                                "vllm_hook_vs_direct_call", "dynamo_no_guards_vs_bytecode_hook_call",
+                                "stock_vs_eager_call"} and all(v > 0 for v in o["ratios"].values())
 
 
 def test_fix_functionalization_and_generate_structure(quick):
@@ -57,8 +59,8 @@ def test_fix_functionalization_and_generate_structure(quick):
     assert set(g["modes"]) == {"eager", "stock", "dynamo_trace_once", "vllm_compile", "vllm_compile_custom_ops"}
     for m in g["modes"].values():
         assert m["new_tokens"] >= 1 and m["decode_tok_s"]["median"] > 0 and m["prefill_tok_s"]["median"] > 0
-    for other, r in g["decode_ratio_per_round"].items():  # the paired ratios behind the target lines
-        assert other in ("eager", "stock") and set(r) == STATS and 0 < r["min"] <= r["median"] <= r["max"]
+    assert set(g["decode_ratio_per_round"]) == {"eager", "stock"}  # the paired ratios behind the targets
+    assert all(set(r) == STATS and r["min"] > 0 for r in g["decode_ratio_per_round"].values())
 
 
 def test_targets_printed_and_plots_written(quick):
