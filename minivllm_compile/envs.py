@@ -33,13 +33,9 @@ def _bool(name: str, default: bool) -> Callable[[], bool]:
 
 @functools.cache
 def _aot_supported() -> bool:
-    """Probed once: torch.compile(...).aot_compile and torch.compiler.load_compiled_function."""
+    """Probed once: torch.compiler.load_compiled_function (with torch.compile(...).aot_compile)."""
     import torch
 
-    try:
-        from torch._dynamo.aot_compile_types import SerializableCallable  # noqa: F401
-    except ImportError:
-        return False
     return hasattr(torch.compiler, "load_compiled_function")
 
 

@@ -42,12 +42,6 @@ class GuardRow:
     kept: bool
 
 
-def _drop_all_guards(entries) -> list[bool]:
-    # torch.compiler.skip_all_guards_unsafe where torch has it (2.8+); the same answer otherwise
-    skip = getattr(torch.compiler, "skip_all_guards_unsafe", None)
-    return skip(entries) if skip is not None else [False for _ in entries]
-
-
 def _keep_shape_env_guards(entries) -> list[bool]:
     return [e.guard_type == "SHAPE_ENV" for e in entries]
 
@@ -109,7 +103,7 @@ class TorchCompileWithNoGuardsWrapper:
         self.guard_table: list[GuardRow] = []
         self._compiled_bytecode: CodeType | None = None
         # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here
-        guard_filter = _keep_shape_env_guards if ds.evaluate_guards else _drop_all_guards
+        guard_filter = _keep_shape_env_guards if ds.evaluate_guards else torch.compiler.skip_all_guards_unsafe
         inductor_config, _ = cc.inductor_config_and_guard_filter()
         if mode == CompilationMode.VLLM_COMPILE:
             from minivllm_compile.backends import VllmBackend
