@@ -32,9 +32,10 @@ import torch
 
 from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, compilation_counter
 from minivllm_compile.forward_context import set_forward_context
+from minivllm_compile.models import default_device
 
 M = CompilationMode
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()
 SKIP = "--quick: Inductor compiles in fresh processes take minutes; run without --quick"
 
 

@@ -39,6 +39,14 @@ def _aot_supported() -> bool:
     return hasattr(torch.compiler, "load_compiled_function")
 
 
+def _device() -> str:
+    raw = os.environ.get("MINIVLLM_DEVICE", "").strip().lower()
+    if raw not in ("", "cpu", "cuda"):
+        raise ValueError(f"MINIVLLM_DEVICE={os.environ['MINIVLLM_DEVICE']!r} is not a device: set it to "
+                         f"cpu or cuda (or unset it: the GPU when torch sees one, else the CPU)")
+    return raw
+
+
 def _cache_root() -> str:
     return os.path.expanduser(os.environ.get("VLLM_CACHE_ROOT", str(Path("~/.cache/minivllm_compile"))))
 
@@ -55,6 +63,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_USE_STANDALONE_COMPILE": _bool("VLLM_USE_STANDALONE_COMPILE", True),
     # never vLLM's own cache: ~/.cache/minivllm_compile unless set
     "VLLM_CACHE_ROOT": _cache_root,
+    # this project's own switch (vLLM picks its platform instead): where the tour, the benchmark
+    # and the notebooks put their models; "" means the GPU when torch sees one, else the CPU
+    "MINIVLLM_DEVICE": _device,
 }
 
 
@@ -66,6 +77,20 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return list(environment_variables)
+
+
+def default_device() -> str:
+    """Where the tour, the benchmark and the notebooks put their models: MINIVLLM_DEVICE when set
+    (cpu or cuda), else the GPU when torch sees one, else the CPU. (`load_model`/`build_model`
+    keep torch's own default, the CPU, unless given `device=`.) It imports no kernel module, so a
+    notebook can call it before choosing TRITON_INTERPRET."""
+    import torch
+
+    wanted = _device()
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("MINIVLLM_DEVICE=cuda but torch sees no GPU (torch.cuda.is_available() is "
+                           "False): unset it, or set it to cpu")
+    return wanted or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def compile_factors() -> dict[str, Any]:

@@ -8,16 +8,15 @@ import subprocess
 import sys
 import time
 
-import torch
 
 from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter
-from minivllm_compile.models import load_model
+from minivllm_compile.models import default_device, load_model
 
 PROMPTS = ["def fibonacci(n):\n", "for line in lines:\n", "class Stack:\n    def push(self, "]
 
 
 def main() -> int:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     for name in ("tiny-llama", "tiny-hybrid"):
         lm = load_model(name, device=device)
         t0 = time.perf_counter()
