@@ -6,6 +6,7 @@
     aot_load_probing   the same, with Inductor's CPU vector-ISA probe run again (its stored answer
              removed, see cpu_isa.py): what the AOT load cost before that answer was kept
 
+Each child puts the model where `envs.default_device()` says (the GPU when there is one).
 Used by the benchmark (python -m minivllm_compile.bench) and notebook 09. A measurement, never a
 test: these machines are shared and noisy.
 """
@@ -27,13 +28,14 @@ import json, sys, time
 t0 = time.perf_counter()
 import torch
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
-from minivllm_compile.models import build_model
+from minivllm_compile.models import build_model, default_device
 spec = json.loads(sys.argv[1])
 cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=spec["sizes"],
                        compile_ranges_endpoints=spec["endpoints"], max_num_batched_tokens=spec["max"])
-lm = build_model("llama", num_layers=spec["layers"], compilation_config=cc)
+lm = build_model("llama", num_layers=spec["layers"], compilation_config=cc, device=default_device())
 t1 = time.perf_counter()
-out = lm(torch.arange(7), torch.arange(7))  # the first call: load or compile, then run
+out = lm(torch.arange(7, device=lm.device), torch.arange(7, device=lm.device))  # load or compile, then run
+out = out.cpu()  # (on a GPU: waits for the kernels, so the first call is timed whole)
 t2 = time.perf_counter()
 print("RESULT " + json.dumps({"first_call_s": t2 - t1, "import_build_s": t1 - t0,
                               "counters": vars(compilation_counter), "checksum": float(out.double().sum())}))
@@ -43,6 +45,9 @@ print("RESULT " + json.dumps({"first_call_s": t2 - t1, "import_build_s": t1 - t0
 def run_start(cache_root: str, inductor_cache: str, spec: dict, extra_env: dict | None = None) -> dict:
     env = {**os.environ, "VLLM_CACHE_ROOT": cache_root, "TORCHINDUCTOR_CACHE_DIR": inductor_cache,
            "VLLM_DISABLE_COMPILE_CACHE": "0", **(extra_env or {})}
+    # Inductor keeps Triton's compiled kernels under its own cache dir unless TRITON_CACHE_DIR says
+    # otherwise: without it, a "cold" start on a GPU would find last run's kernels
+    env.pop("TRITON_CACHE_DIR", None)
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True,
                           text=True, timeout=900)
     if proc.returncode != 0:
