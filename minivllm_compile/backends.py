@@ -249,11 +249,12 @@ class VllmBackend:
         self.inductor_config["post_grad_custom_post_pass"] = manager
         self.inductor_config.setdefault("enable_auto_functionalized_v2", False)
 
-    def _pick_cache_dir(self) -> Path | None:
+    def _pick_cache_dir(self, example_inputs: list) -> Path | None:
         """<root>/<hash of every factor, traced files included>/rank_0_0/<prefix>, as vLLM lays it;
         None when the cache is off or cannot be written (then everything stays in memory)."""
         cc = self.compilation_config
-        key, self.cache_key_factors = caching.backend_cache_key(cc)
+        device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
+        key, self.cache_key_factors = caching.backend_cache_key(cc, device)
         if envs.VLLM_DISABLE_COMPILE_CACHE:
             return None
         local = Path(cc.cache_dir or caching.cache_root() / key) / "rank_0_0" / self.prefix
@@ -271,7 +272,7 @@ class VllmBackend:
         self.dynamo_time_s = dynamo_transform_time()
         compilation_counter.num_graphs_seen += 1
         self.graphs.append(gm)
-        self.cache_dir = self.compiler_manager.cache_dir = self._pick_cache_dir()
+        self.cache_dir = self.compiler_manager.cache_dir = self._pick_cache_dir(example_inputs)
         self.configure_post_pass()
         cc = self.compilation_config
         warn_unknown_splitting_ops(cc.splitting_ops)

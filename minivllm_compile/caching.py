@@ -57,13 +57,14 @@ def file_hash(path: str) -> str:
 
 
 def model_signature(module: torch.nn.Module) -> str:
-    """The model's class and every parameter's name, shape and dtype: weights are graph inputs, so a
-    compiled artifact fits exactly the models with this signature."""
+    """The model's class and every parameter's name, shape, dtype and device type: weights are graph
+    inputs, so a compiled artifact fits exactly the models with this signature (C++ kernels built for
+    CPU tensors are no use to a model on the GPU)."""
     cls = type(module)
     forward = cls.forward
     rows = [f"{cls.__module__}.{cls.__qualname__}:{forward.__code__.co_firstlineno}"]
-    rows += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in module.named_parameters()]
-    rows += [f"{n}:{tuple(b.shape)}:{b.dtype}" for n, b in module.named_buffers()]
+    rows += [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}" for n, p in module.named_parameters()]
+    rows += [f"{n}:{tuple(b.shape)}:{b.dtype}:{b.device.type}" for n, b in module.named_buffers()]
     return _sha("\n".join(rows), 16)
 
 
@@ -80,9 +81,11 @@ def aot_cache_key(module: torch.nn.Module, cc: CompilationConfig) -> tuple[str, 
     return _sha(json.dumps(factors, sort_keys=True)), factors
 
 
-def backend_cache_key(cc: CompilationConfig) -> tuple[str, dict]:
-    """After tracing: the config, switches, torch and Inductor config, and every traced file."""
+def backend_cache_key(cc: CompilationConfig, device: str) -> tuple[str, dict]:
+    """After tracing: the config, switches, torch and Inductor config, the device type the graph runs
+    on (vLLM hashes its DeviceConfig), and every traced file."""
     factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
+               "device": device,
                "inductor_config": inductor_config_hash(),
                "traced_files": {p: file_hash(p) for p in sorted(cc.traced_files)}}
     return _sha(json.dumps(factors, sort_keys=True)), factors

@@ -78,8 +78,9 @@ def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
     d = backend_dirs[0]
     assert (d / "computation_graph.py").read_text().count("class GraphModule") >= 1
     factors = json.loads((d / "cache_key_factors.json").read_text())
-    assert set(factors) == {"config", "envs", "torch", "inductor_config", "traced_files"}
+    assert set(factors) == {"config", "envs", "torch", "device", "inductor_config", "traced_files"}
     assert factors["torch"] == torch.__version__ and "VLLM_USE_AOT_COMPILE" in factors["envs"]
+    assert factors["device"] == "cpu"  # where the traced graph's inputs live
     assert any(p.endswith("models/llama.py") for p in factors["traced_files"])
     assert sorted(p.name for p in d.glob("artifact_*")) == [
         "artifact_compile_range_1_16_subgraph_0", "artifact_compile_range_1_16_subgraph_1"]
@@ -285,6 +286,10 @@ def test_which_config_fields_change_the_key():
     assert key(splitting_ops=["minivllm::short_conv"]) != base
     other = build_model("llama", num_layers=1, hidden_size=64, intermediate_size=96)
     assert caching.aot_cache_key(other.model, CompilationConfig())[0] != base  # other weights' shapes
+    # the same model on another device: other kernels (vLLM hashes its DeviceConfig)
+    assert caching.aot_cache_key(lm.model.to("meta"), CompilationConfig())[0] != base
+    cc = CompilationConfig()
+    assert caching.backend_cache_key(cc, "cpu")[0] != caching.backend_cache_key(cc, "cuda")[0]
 
 
 def test_unpacked_artifacts_hold_readable_code(tmp_path, monkeypatch):
