@@ -1,5 +1,6 @@
 """viz/: tables and pictures of graphs and pieces, and readers of Inductor's generated code."""
 
+import importlib.util
 import re
 import shutil
 import stat
@@ -176,3 +177,73 @@ def test_reading_code_inductor_really_wrote():
     assert re.fullmatch(rf"{name}\((const )?float\* \w+(, (const )?float\* \w+)*\)", sig)  # no ks0: static
     calls = viz.calls_in(src)
     assert calls["fused"] == {name: 1} and calls["extern"] == {"extern_kernels.mm": 1} and not calls["ops"]
+
+
+# what a GPU writes (torch 2.13 style: a dynamic kernel's size computed on its own line first)
+CUDA_CODE = """
+triton_poi_fused_embedding_0 = async_compile.triton('triton_poi_fused_embedding_0', '''
+import triton
+@triton_heuristics.pointwise(size_hints={'x': 1024}, filename=__file__)
+@triton.jit
+def triton_poi_fused_embedding_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xoffset = tl.program_id(0) * XBLOCK
+''', device_str='cuda')
+
+class Runner:
+    def call(self, args):
+        arg0_1, arg1_1, arg2_1, arg3_1 = args
+        args.clear()
+        s72 = arg1_1
+        with torch.cuda._DeviceGuard(0):
+            torch.cuda.set_device(0)
+            buf1 = empty_strided_cuda((s72, 96), (96, 1), torch.float32)
+            stream0 = get_raw_stream(0)
+            triton_poi_fused_embedding_0_xnumel = 96*s72
+            triton_poi_fused_embedding_0.run(arg0_1, arg2_1, buf1, triton_poi_fused_embedding_0_xnumel, stream=stream0)
+            buf0 = empty_strided_cuda((s72, 96), (96, 1), torch.float32)
+            torch.ops.minivllm.rms_norm.default(buf0, buf1, arg3_1, 1e-05)
+            buf4 = empty_strided_cuda((s72, 192), (192, 1), torch.float32)
+            extern_kernels.mm(buf0, reinterpret_tensor(arg2_1, (96, 192), (1, 96), 0), out=buf4)
+        return (buf4, )
+
+runner = Runner(partitions=[])
+"""
+
+
+def test_reading_triton_code_as_a_gpu_writes_it():
+    """Notebooks 05, 07 and 08 read a GPU's code with these: a launch is `name.run(...)`, and the
+    `name_xnumel = ...` line before it (or torch 2.11's plain `s72` argument) is no second launch."""
+    (name, kernel), = viz.kernel_sources(CUDA_CODE).items()
+    assert name == "triton_poi_fused_embedding_0" and kernel.startswith("@triton.jit")
+    assert viz.kernel_signatures(CUDA_CODE) == [f"{name}(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr)"]
+    calls = viz.calls_in(CUDA_CODE)
+    assert calls["fused"] == {name: 1} and calls["extern"] == {"extern_kernels.mm": 1}
+    assert calls["ops"] == {"torch.ops.minivllm.rms_norm.default": 1}
+    older = CUDA_CODE.replace(f"            {name}_xnumel = 96*s72\n", "").replace(f"{name}_xnumel,", "s72, 96,")
+    assert viz.calls_in(older) == calls
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (codegen only, no GPU)")
+def test_reading_triton_code_inductor_really_wrote():
+    """The same readers against the Triton this torch's Inductor writes for a dynamic graph (its
+    launch sized by a symbol, on a line of its own in newer torch)."""
+    from minivllm_compile.compiler_interface import triton_source_codegen_only
+    from minivllm_compile.piecewise_backend import get_fake_args_from_graph
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(lambda x, w: torch.relu(x * w) + 1, backend=capture, dynamic=True)(torch.randn(8, 32), torch.randn(32))
+    torch._dynamo.reset()
+    gm, = graphs
+    src = triton_source_codegen_only(gm, get_fake_args_from_graph(gm), dynamic=True)
+    (name, kernel), = viz.kernel_sources(src).items()
+    assert re.fullmatch(r"triton_poi_fused_\w+_0", name) and kernel.startswith("@triton.jit")
+    launch = src[src.index(f"{name}.run("):].splitlines()[0]
+    assert re.search(r"\bs\d+\b", launch) or f"{name}_xnumel = " in src  # sized at run time
+    calls = viz.calls_in(src)
+    assert calls["fused"] == {name: 1} and not calls["extern"] and not calls["ops"]
