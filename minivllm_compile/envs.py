@@ -33,10 +33,12 @@ def _bool(name: str, default: bool) -> Callable[[], bool]:
 
 @functools.cache
 def _aot_supported() -> bool:
-    """Probed once: torch.compiler.load_compiled_function (with torch.compile(...).aot_compile)."""
+    """Probed once: torch.compiler.load_compiled_function, and the Dynamo flag that gives
+    torch.compile(...) its .aot_compile (the wrapper turns it on)."""
     import torch
 
-    return hasattr(torch.compiler, "load_compiled_function")
+    return hasattr(torch.compiler, "load_compiled_function") and hasattr(torch._dynamo.config,
+                                                                         "enable_aot_compile")
 
 
 def _device() -> str:

@@ -111,6 +111,10 @@ class TorchCompileWithNoGuardsWrapper:
             self.backend = backend = VllmBackend(cc)
         else:
             self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)
+        if envs.VLLM_USE_AOT_COMPILE:
+            # as vLLM does: torch.compile(...) only grows .aot_compile under this flag, which torch
+            # 2.11 leaves off (2.13 turns it on by default)
+            torch._dynamo.config.enable_aot_compile = True
         self._compiled_callable = torch.compile(
             self.forward, fullgraph=True, dynamic=False, backend=backend,
             options={"guard_filter_fn": self._recording(guard_filter)})
