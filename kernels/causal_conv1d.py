@@ -99,7 +99,10 @@ def _causal_conv1d_fwd_kernel(
         bias = tl.load(bias_ptr + idx_feats, mask_f, other=0.0).to(tl.float32)
     else:
         bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for m0 in range(0, seqlen, BLOCK_M):
+    # a while loop, not `for m0 in range(0, seqlen, BLOCK_M)`: triton 3.6's interpreter (torch
+    # 2.11's pin) cannot take a loaded value as a range bound; compiled, both are the same loop
+    m0 = 0
+    while m0 < seqlen:
         idx_tokens = m0 + tl.arange(0, BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + bias[None, :]
         acc = _conv_tile(acc, x_base, stride_x_token, s_base, stride_istate_token, w_base,
@@ -109,6 +112,7 @@ def _causal_conv1d_fwd_kernel(
             acc = acc / (1.0 + tl.exp(-acc))
         tl.store(o_base[None, :] + (idx_tokens * stride_o_token)[:, None],
                  cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
+        m0 += BLOCK_M
     # a sequence shorter than state_len keeps the tail of its old state (or zeros): VAL > 0
     _roll_conv_state(x_base, stride_x_token, s_base, stride_istate_token, seqlen, state_len,
                      seqlen, use_history, mask_f, NP2_STATELEN)
