@@ -207,7 +207,7 @@ fi
 
 # --- 2. every notebook under nbval ----------------------------------------------------------------
 if has pytest && has nbval; then
-    step notebooks 150 "$PY" -m pytest -p no:cacheprovider -q ${XDIST[@]+"${XDIST[@]}"} \
+    step notebooks 200 "$PY" -m pytest -p no:cacheprovider -q ${XDIST[@]+"${XDIST[@]}"} \
         --nbval-lax --nbval-current-env \
         --sanitize-with notebooks/sanitize.cfg notebooks --junitxml="$DEST/notebooks.xml"
 else
