@@ -22,8 +22,8 @@ MAX_MIB=${GPU_WHEELS_MAX_MIB:-40}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # The GPU machine's Python packages, from the device tool's KINDS.md ("Python packages already
-# there", nvidia-h200, image 'cuda', as read on a machine running it on 2026-11-17; read here
-# 2026-11-17). Its python3 is 3.12.3 (/opt/torch/.venv/bin/python3), torch 2.11.0+cu130, triton 3.6.0.
+# there", nvidia-h200, image 'cuda', as read on a machine running it on 2026-11-17; copied here
+# 2026-11-29). Its python3 is 3.12.3 (/opt/torch/.venv/bin/python3), torch 2.11.0+cu130, triton 3.6.0.
 # Versions seen there: numpy 2.5.2, safetensors 0.8.0, transformers 5.17.0, huggingface_hub 1.33.0.
 DEVICE_HAS="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
 botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage
@@ -52,7 +52,7 @@ urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp"
 # is on the image; it is named so that the check covers it.
 EXTRA_ROOTS="ipywidgets pytest-xdist"
 
-# The closure of the roots minus DEVICE_HAS, resolved 2026-11-17 by `--resolve` (pip, CPython 3.12,
+# The closure of the roots minus DEVICE_HAS, resolved 2026-11-29 by `--resolve` (pip, CPython 3.12,
 # manylinux x86_64). Pinned so that a rerun gives the same set.
 PINS="astor==0.8.1 asttokens==3.0.2 comm==0.2.3 debugpy==1.8.22 depyf==0.20.0 dill==0.4.1
 executing==2.3.0 fastjsonschema==2.22.3 ipykernel==7.4.0 ipython==9.18.1
