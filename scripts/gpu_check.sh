@@ -30,11 +30,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+SCALE=${GPU_CHECK_TIME_SCALE:-1}
+[[ $SCALE =~ ^[1-9][0-9]*$ ]] || { echo "GPU_CHECK_TIME_SCALE must be a positive integer, got '$SCALE'" >&2; exit 2; }
 if [ -n "${OUT:-}" ]; then DEST=$(mktemp -d /tmp/gpu_check_out.XXXXXX); else DEST=$ROOT/gpu_check_out; fi
 mkdir -p "$DEST"
 PY=${PYTHON:-python3}
-SCALE=${GPU_CHECK_TIME_SCALE:-1}
-[[ $SCALE =~ ^[1-9][0-9]*$ ]] || { echo "GPU_CHECK_TIME_SCALE must be a positive integer, got '$SCALE'" >&2; exit 2; }
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     export TRITON_INTERPRET=0 MODE=gpu
 else
