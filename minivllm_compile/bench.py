@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, compilation_counter
+from minivllm_compile.envs import default_device
 from minivllm_compile.forward_context import set_forward_context
-from minivllm_compile.models import default_device
 
 M = CompilationMode
 DEVICE = default_device()

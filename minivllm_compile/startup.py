@@ -28,7 +28,8 @@ import json, sys, time
 t0 = time.perf_counter()
 import torch
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
-from minivllm_compile.models import build_model, default_device
+from minivllm_compile.envs import default_device
+from minivllm_compile.models import build_model
 spec = json.loads(sys.argv[1])
 cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=spec["sizes"],
                        compile_ranges_endpoints=spec["endpoints"], max_num_batched_tokens=spec["max"])

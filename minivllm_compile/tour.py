@@ -10,7 +10,8 @@ import time
 
 
 from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter
-from minivllm_compile.models import default_device, load_model
+from minivllm_compile.envs import default_device
+from minivllm_compile.models import load_model
 
 PROMPTS = ["def fibonacci(n):\n", "for line in lines:\n", "class Stack:\n    def push(self, "]
 

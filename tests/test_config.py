@@ -1,6 +1,7 @@
 """CompilationConfig, the environment switches and the counter: bad input fails early and clearly."""
 
 import pytest
+import torch
 
 from minivllm_compile import (
     CompilationConfig,
@@ -96,3 +97,19 @@ def test_custom_ops_switch_follows_vllm():
     assert not CompilationConfig(custom_ops=["all", "-rotary_embedding"]).custom_op_enabled("rotary_embedding")
     with pytest.raises(ValueError, match="custom_ops.*'\\+name'"):
         CompilationConfig(custom_ops=["+layernorm"])
+
+
+def test_default_device_follows_minivllm_device(monkeypatch):
+    from minivllm_compile.envs import default_device
+
+    monkeypatch.delenv("MINIVLLM_DEVICE", raising=False)
+    assert default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("MINIVLLM_DEVICE", " CPU ")
+    assert default_device() == "cpu"
+    monkeypatch.setenv("MINIVLLM_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="MINIVLLM_DEVICE='gpu'.*cpu or cuda"):
+        default_device()
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("MINIVLLM_DEVICE", "cuda")
+        with pytest.raises(RuntimeError, match="sees no GPU"):
+            default_device()

@@ -113,18 +113,3 @@ def test_decoder_traces_as_one_graph_with_auto_functionalized_ops():
         assert f"minivllm.{op}" in code, op
     assert code.count("minivllm.unified_attention_with_output") == 2  # one per layer
 
-
-def test_default_device_follows_minivllm_device(monkeypatch):
-    from minivllm_compile.models import default_device
-
-    monkeypatch.delenv("MINIVLLM_DEVICE", raising=False)
-    assert default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
-    monkeypatch.setenv("MINIVLLM_DEVICE", " CPU ")
-    assert default_device() == "cpu"
-    monkeypatch.setenv("MINIVLLM_DEVICE", "gpu")
-    with pytest.raises(ValueError, match="MINIVLLM_DEVICE='gpu'.*cpu or cuda"):
-        default_device()
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("MINIVLLM_DEVICE", "cuda")
-        with pytest.raises(RuntimeError, match="sees no GPU"):
-            default_device()

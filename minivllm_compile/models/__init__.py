@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from minivllm_compile.envs import default_device
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.hybrid import HybridModel
 from minivllm_compile.models.llama import LlamaModel
@@ -19,7 +18,7 @@ from minivllm_compile.models.tokenizer import VOCAB_SIZE, ByteTokenizer
 CHECKPOINTS = Path(__file__).parent / "checkpoints"
 SHIPPED = ("tiny-llama", "tiny-hybrid")
 
-__all__ = ["LM", "ByteTokenizer", "ModelConfig", "build_model", "default_device", "load_model", "CHECKPOINTS"]
+__all__ = ["LM", "ByteTokenizer", "ModelConfig", "build_model", "load_model", "CHECKPOINTS"]
 
 
 def _make(cfg: ModelConfig, compilation_config, device, dtype) -> tuple[nn.Module, nn.Linear]:
