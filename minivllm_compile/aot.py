@@ -1,8 +1,9 @@
 """The AOT branch of the first call (vLLM's decorators.py; seed §10, §11): load the whole compiled
 forward from the cache if it is there and still valid, else compile it ahead of time and save it.
 
-VLLM_USE_AOT_COMPILE (default on where torch has aot_compile) applies to VLLM_COMPILE with Inductor:
-its backend returns a serializable function. VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable
+VLLM_USE_AOT_COMPILE (default on where torch has aot_compile) applies to VLLM_COMPILE with Inductor
+through standalone_compile: its backend returns a serializable function pointing at each piece's
+saved artifact. VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable
 artifact into an error; VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
 """
 
@@ -22,7 +23,27 @@ logger = logging.getLogger("minivllm_compile")
 
 
 def use_aot_compile(cc: CompilationConfig) -> bool:
-    return envs.VLLM_USE_AOT_COMPILE and cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
+    if not (envs.VLLM_USE_AOT_COMPILE and cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"):
+        return False
+    if not envs.VLLM_USE_STANDALONE_COMPILE:
+        # The compile_fx adaptor saves no artifact of its own, so a saved forward would point at
+        # nothing. (vLLM's load instead re-runs its backend and finds compile_fx's graphs by hash
+        # in the FX graph cache.) Here such a model traces and compiles each start, and Inductor
+        # finds its graphs in its cache under the compile cache directory.
+        _warn_once("VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0: the AOT artifact "
+                   "needs standalone_compile's artifacts. Each start traces again, and Inductor finds "
+                   "what it compiled in its FX graph cache under the compile cache directory.")
+        return False
+    return True
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
 
 
 def aot_path(model: torch.nn.Module) -> Path:

@@ -153,6 +153,10 @@ class CompilerManager:
         self._by_key: dict[tuple[str, Range], CompiledEntry] = {}
         self.cache_dir: Path | None = None  # set by the backend; None: nothing saved
 
+    def initialize_cache(self, cache_dir: Path | None, prefix: str) -> None:
+        self.cache_dir = cache_dir
+        self.compiler.initialize_cache(str(cache_dir or ""), disable_cache=cache_dir is None, prefix=prefix)
+
     def _save(self, entry: CompiledEntry) -> None:
         if self.cache_dir is None or not hasattr(entry.runnable, "save"):
             return
@@ -272,7 +276,8 @@ class VllmBackend:
         self.dynamo_time_s = dynamo_transform_time()
         compilation_counter.num_graphs_seen += 1
         self.graphs.append(gm)
-        self.cache_dir = self.compiler_manager.cache_dir = self._pick_cache_dir(example_inputs)
+        self.cache_dir = self._pick_cache_dir(example_inputs)
+        self.compiler_manager.initialize_cache(self.cache_dir, self.prefix)
         self.configure_post_pass()
         cc = self.compilation_config
         warn_unknown_splitting_ops(cc.splitting_ops)

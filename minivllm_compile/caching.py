@@ -7,6 +7,9 @@ Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
         cache_key_factors.json                      every factor of <backend hash>
         computation_graph.py                        the split graph, readable
         artifact_compile_range_<r>_subgraph_<i>     one Inductor artifact per piece and entry
+    <backend hash>/rank_0_0/inductor_cache/, triton_cache/
+                                                    Inductor's and Triton's own caches, moved here
+                                                    by the compile_fx adaptor (VLLM_USE_STANDALONE_COMPILE=0)
 
 The AOT hash is known before Dynamo runs (config, switches, torch, the model's class and weights'
 shapes); the files Dynamo traced are checked after loading, and a changed one means a recompile.
@@ -258,6 +261,11 @@ def changed_sources(source_info: Any) -> list[str]:
     return sorted(changed)
 
 
+# where InductorAdaptor.initialize_cache points Inductor's and Triton's own caches
+FOREIGN_CACHES = {"inductor_cache": "Inductor's FX graph cache and generated code",
+                  "triton_cache": "Triton's compiled kernels"}
+
+
 def describe(root: str | Path | None = None) -> str:
     """The cache as a tree with sizes, the factors of each backend entry, and its artifacts."""
     root = Path(root) if root else cache_root()
@@ -265,9 +273,15 @@ def describe(root: str | Path | None = None) -> str:
         return f"{root}: empty (nothing compiled with the cache on yet)"
     lines = [f"{root}"]
     for path in sorted(p for p in root.rglob("*") if not p.name.startswith(".")):
-        depth = len(path.relative_to(root).parts)
+        rel = path.relative_to(root).parts
+        if any(part in FOREIGN_CACHES for part in rel[:-1]):
+            continue  # inside Inductor's or Triton's own cache: one line for the whole folder
+        depth = len(rel)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-        lines.append(f"{'  ' * depth}{path.name}{'/' if path.is_dir() else ''}  {_human(size)}")
+        note = ""
+        if path.name in FOREIGN_CACHES:
+            note = f"  ({sum(1 for f in path.rglob('*') if f.is_file())} files: {FOREIGN_CACHES[path.name]})"
+        lines.append(f"{'  ' * depth}{path.name}{'/' if path.is_dir() else ''}  {_human(size)}{note}")
         if path.name == "cache_key_factors.json":
             factors = json.loads(path.read_text())
             for k, v in factors.items():

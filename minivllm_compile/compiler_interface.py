@@ -4,12 +4,15 @@ InductorStandaloneAdaptor uses torch._inductor.standalone_compile: a size entry 
 concrete example inputs ("from_example_inputs": a static kernel), a range entry keeps the graph's
 symbols ("from_graph": a kernel taking num_tokens as a runtime argument). InductorAdaptor goes
 through compile_fx; outside Dynamo there is no ShapeEnv to check the FX graph cache's guards
-against, so it answers them with AlwaysHitShapeEnv, as vLLM does. EagerAdaptor runs the graph.
+against, so it answers them with AlwaysHitShapeEnv, as vLLM does; what it compiles lives in
+Inductor's own FX graph cache, which initialize_cache moves into the compile cache's directory.
+EagerAdaptor runs the graph.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,6 +51,12 @@ def capture_output_code(sink: list[str]):
 
 class CompilerInterface:
     name = "base"
+    cache_dir: str | None = None
+
+    def initialize_cache(self, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
+        """Told where this model's compile cache is (`<root>/<hash>/rank_0_0/<prefix>`) before the
+        first compile; a compiler with a cache of its own may move it there."""
+        self.cache_dir = cache_dir
 
     def compile(self, graph: fx.GraphModule, example_inputs: list, config: dict,
                 compile_range: Range) -> tuple[Callable, list[str]]:
@@ -81,6 +90,8 @@ class AlwaysHitShapeEnv:
 
     def __init__(self) -> None:
         self.guards: list[Any] = []
+        # torch 2.13's FX graph cache key reads this (hint overrides of unbacked symbols): none here
+        self.var_to_hint_override: dict[Any, int] = {}
 
     def evaluate_guards_expression(self, *args: Any, **kwargs: Any) -> bool:
         return True
@@ -94,6 +105,21 @@ class AlwaysHitShapeEnv:
 
 class InductorAdaptor(CompilerInterface):
     name = "inductor"
+
+    def initialize_cache(self, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
+        """As vLLM's InductorAdaptor: compile_fx keeps its graphs in Inductor's FX graph cache and
+        Triton its kernels in Triton's, both under /tmp by default. Point both into the rank's cache
+        directory (beside the prefix folders, shared by them), so that copying the compile cache to
+        another machine carries the kernels. Process-wide, as in vLLM: these are environment variables
+        Inductor and Triton read on every lookup."""
+        super().initialize_cache(cache_dir, disable_cache, prefix)
+        if disable_cache:
+            return
+        base = cache_dir[: -len(prefix)] if prefix and cache_dir.endswith(prefix) else cache_dir
+        for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor_cache"), ("TRITON_CACHE_DIR", "triton_cache")):
+            path = os.path.join(base, sub)
+            os.makedirs(path, exist_ok=True)
+            os.environ[var] = path
 
     def compile(self, graph, example_inputs, config, compile_range):
         from torch._inductor.codecache import FxGraphCache

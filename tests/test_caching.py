@@ -35,7 +35,11 @@ else:
     lm = build_model("llama", num_layers=1, compilation_config=cc)
     out = lm(torch.arange(7), torch.arange(7))
 torch.save(out, sys.argv[2])
-print("COUNTERS " + json.dumps({**vars(compilation_counter), "base_isa_probes": sum(base_probes)}))
+import os
+from torch._dynamo.utils import counters
+print("COUNTERS " + json.dumps({**vars(compilation_counter), "base_isa_probes": sum(base_probes),
+                                **{k: counters["inductor"][k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")},
+                                "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
 """
 
 
@@ -66,6 +70,51 @@ def test_process_two_loads_without_tracing_or_compiling(saved, tmp_path):
     assert c["num_inductor_compiles"] == 0 and c["num_graphs_seen"] == 0 and c["num_aot_compiles"] == 0
     assert c["num_compiled_artifacts_loaded"] == 2
     assert torch.equal(torch.load(root / "out1.pt"), torch.load(tmp_path / "out2.pt"))  # bitwise
+
+
+def test_the_compile_fx_adaptor_keeps_inductors_own_cache_in_the_compile_cache(tmp_path):
+    """VLLM_USE_STANDALONE_COMPILE=0: compile_fx saves no artifact an AOT file could point at, so none
+    is saved (a warning says so); and, as vLLM's InductorAdaptor.initialize_cache does, Inductor's and
+    Triton's caches move under the rank's directory. A second process traces again, and every
+    Inductor compile is an FX-graph-cache hit found there."""
+    elsewhere = tmp_path / "elsewhere"
+    env = {"VLLM_USE_STANDALONE_COMPILE": "0", "TORCHINDUCTOR_CACHE_DIR": str(elsewhere)}
+    root = tmp_path / "root"
+    proc, first = run_child(root, tmp_path / "out1.pt", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0" in proc.stderr
+    assert first["num_aot_compiles"] == 0 and first["num_aot_artifacts_saved"] == 0
+    assert first["num_inductor_compiles"] == first["fxgraph_cache_miss"] == 2 and first["fxgraph_cache_hit"] == 0
+    (rank,) = (root / "torch_compile_cache").glob("*/rank_0_0")
+    assert first["inductor_cache_dir"] == str(rank / "inductor_cache")
+    assert (rank / "inductor_cache" / "fxgraph").is_dir() and (rank / "triton_cache").is_dir()
+    assert not list(elsewhere.rglob("*"))  # nothing went to where the variable pointed before
+    assert not (root / "torch_compile_cache" / "torch_aot_compile").exists()
+    tree = caching.describe(root / "torch_compile_cache")  # Inductor's cache is one line there
+    assert "inductor_cache/" in tree and "fxgraph" not in tree and "files: Inductor's FX graph cache" in tree
+
+    proc, second = run_child(root, tmp_path / "out2.pt", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert second["num_graphs_seen"] == 1 and second["num_aot_artifacts_loaded"] == 0
+    assert second["num_inductor_compiles"] == second["fxgraph_cache_hit"] == 2 and second["fxgraph_cache_miss"] == 0
+    assert torch.equal(torch.load(tmp_path / "out1.pt"), torch.load(tmp_path / "out2.pt"))
+
+
+def test_only_the_compile_fx_adaptor_redirects_inductors_cache(tmp_path, monkeypatch):
+    from minivllm_compile.compiler_interface import InductorAdaptor, InductorStandaloneAdaptor
+
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.setenv(var, "/before")  # restored after the test: the redirection is process-wide
+    rank = tmp_path / "h" / "rank_0_0"
+    InductorAdaptor().initialize_cache(str(rank / "backbone"), disable_cache=True, prefix="backbone")
+    InductorStandaloneAdaptor().initialize_cache(str(rank / "backbone"), prefix="backbone")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] == "/before"
+    adaptor = InductorAdaptor()
+    adaptor.initialize_cache(str(rank / "backbone"), prefix="backbone")
+    assert adaptor.cache_dir == str(rank / "backbone")
+    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == rank / "inductor_cache"  # shared by every prefix
+    assert Path(os.environ["TRITON_CACHE_DIR"]) == rank / "triton_cache"
+    assert (rank / "inductor_cache").is_dir() and (rank / "triton_cache").is_dir()
 
 
 def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
