@@ -3,7 +3,9 @@ construction, with a message naming the field, rather than deep inside torch lat
 
 from __future__ import annotations
 
+import difflib
 import enum
+import functools
 import hashlib
 import json
 from contextlib import contextmanager
@@ -137,6 +139,15 @@ class CompilationConfig:
         if not isinstance(self.inductor_compile_config, dict):
             raise ValueError("CompilationConfig.inductor_compile_config must be a dict of "
                              f"torch._inductor.config names to values, got {type(self.inductor_compile_config)}")
+        unknown = [k for k in self.inductor_compile_config if k != "guard_filter_fn" and k not in inductor_options()]
+        if unknown:  # else torch raises it at the first call, after Dynamo's trace
+            hints = {k: difflib.get_close_matches(str(k), inductor_options(), n=1) for k in unknown}
+            import torch
+
+            raise ValueError(f"CompilationConfig.inductor_compile_config: {unknown} are not options of this torch's "
+                             f"Inductor ({torch.__version__}; the names are in torch/_inductor/config.py, nested ones "
+                             f"dotted like 'triton.cudagraphs')"
+                             + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
         self.traced_files = set(self.traced_files)
 
     @staticmethod
@@ -188,6 +199,14 @@ class CompilationConfig:
         # default=repr: a callable in inductor_compile_config still hashes (by its repr)
         text = json.dumps(self.hash_factors(), sort_keys=True, default=repr)
         return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+@functools.lru_cache(maxsize=1)
+def inductor_options() -> frozenset[str]:
+    """Every torch._inductor.config name, nested ones dotted ("triton.cudagraphs")."""
+    import torch._inductor.config as inductor_config
+
+    return frozenset(inductor_config.get_config_copy())
 
 
 _current_config: CompilationConfig | None = None

@@ -31,10 +31,21 @@ def test_modes_are_vllms_int_enum():
     (dict(dynamic_shapes_config=dict(type="sometimes")), "type='sometimes'"),
     (dict(dynamic_shapes_config=dict(evaluate_guards="yes")), "evaluate_guards"),
     (dict(inductor_compile_config=[("max_autotune", True)]), "inductor_compile_config"),
+    # an unknown Inductor option would otherwise surface at the first call, after the trace
+    (dict(inductor_compile_config={"max_autotun": True}), r"\['max_autotun'\].*did you mean 'max_autotune'"),
+    (dict(inductor_compile_config={"triton.cudagraph": False}), "did you mean 'triton.cudagraphs'"),
 ])
 def test_bad_config_fails_at_construction_naming_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CompilationConfig(**kwargs)
+
+
+def test_inductor_options_known_to_torch_and_guard_filter_fn_are_accepted():
+    cfg = CompilationConfig(inductor_compile_config={"max_autotune": False, "triton.cudagraphs": False,
+                                                     "enable_auto_functionalized_v2": False,
+                                                     "guard_filter_fn": lambda entries: [False] * len(entries)})
+    assert set(cfg.inductor_config_and_guard_filter()[0]) == {"max_autotune", "triton.cudagraphs",
+                                                              "enable_auto_functionalized_v2"}
 
 
 def test_compile_ranges_as_vllm_builds_them():
