@@ -80,7 +80,7 @@ def ensure_installed() -> None:
 def main() -> int:
     jobs = {"tour": [sys.executable, "-m", "minivllm_compile.tour"],
             "test": [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval-lax",
-                     "--nbval-current-env", "--sanitize-with", "notebooks/sanitize.cfg",
+                     "--nbval-current-env", "--nbval-sanitize-with", "notebooks/sanitize.cfg",
                      "tests", "notebooks"]}
     if len(sys.argv) < 2 or sys.argv[1] not in jobs:
         print(__doc__)

@@ -209,7 +209,7 @@ fi
 if has pytest && has nbval; then
     step notebooks 200 "$PY" -m pytest -p no:cacheprovider -q ${XDIST[@]+"${XDIST[@]}"} \
         --nbval-lax --nbval-current-env \
-        --sanitize-with notebooks/sanitize.cfg notebooks --junitxml="$DEST/notebooks.xml"
+        --nbval-sanitize-with notebooks/sanitize.cfg notebooks --junitxml="$DEST/notebooks.xml"
 else
     note "notebooks: SKIPPED (pytest or nbval not installed)"; FAILED+=("notebooks-skipped")
 fi

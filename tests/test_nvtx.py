@@ -41,3 +41,14 @@ def test_a_model_loaded_from_the_cache_keeps_its_ranges(tmp_path, monkeypatch):
     with compilation_counter.expect(num_aot_artifacts_loaded=1, num_inductor_compiles=0):
         loaded = _ranges(build_model("llama", num_layers=1, compilation_config=cc()))
     assert first == loaded == ["piece 0 (compiled)", "model.layers.0.self_attn.attn", "piece 1 (compiled)"]
+
+
+def test_profiler_sees_tells_which_custom_op_calls_a_profile_shows():
+    from minivllm_compile.nvtx import profiler_sees
+
+    x, w = torch.randn(3, 8), torch.ones(8)
+    # a float argument keeps the call in the C++ dispatcher, which records the event, on every torch
+    assert profiler_sees(torch.ops.minivllm.rms_norm.default, torch.empty_like(x), x, w, 1e-5)
+    silu = torch.ops.minivllm.silu_and_mul.default
+    python_dispatched = getattr(silu, "_pyobj_dispatcher", None) is not None  # torch 2.14's PyObject dispatch
+    assert profiler_sees(silu, torch.empty(3, 4), x) is not python_dispatched
