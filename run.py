@@ -23,8 +23,9 @@ VENV = ROOT / ".venv"
 # With no torch at all, take the release this project is tested on; a CPU build of it lies on the
 # project's machines. Override with MINIVLLM_TORCH_SPEC (for instance to a CUDA build's pin).
 TORCH_SPEC = os.environ.get("MINIVLLM_TORCH_SPEC", "torch==2.13.0")
-# Each torch build pins the triton it was built with (read from the CUDA wheels' metadata).
-TRITON_FOR_TORCH = {"2.11": "3.6.0", "2.12": "3.7.0", "2.13": "3.7.1", "2.14": "3.8.0"}
+# Each torch build pins the triton it was built with (read from the CUDA wheels' metadata): by
+# release where a patch release moved it, else by minor version.
+TRITON_FOR_TORCH = {"2.11": "3.6.0", "2.12.0": "3.7.0", "2.12": "3.7.1", "2.13": "3.7.1", "2.14": "3.8.0"}
 
 
 def sh(*cmd: str) -> None:
@@ -66,10 +67,10 @@ def ensure_installed() -> None:
     if not has("torch"):
         pip(TORCH_SPEC)
     if platform.system() == "Linux" and not has("triton"):
-        torch_minor = subprocess.run(
-            [sys.executable, "-c", "import torch; print('.'.join(torch.__version__.split('.')[:2]))"],
+        release = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.__version__.split('+')[0])"],
             check=True, capture_output=True, text=True).stdout.strip()
-        pin = TRITON_FOR_TORCH.get(torch_minor)
+        pin = TRITON_FOR_TORCH.get(release) or TRITON_FOR_TORCH.get(".".join(release.split(".")[:2]))
         pip(f"triton=={pin}" if pin else "triton")
     # the package itself (editable) with its test and notebook extras; a no-op when all present
     # (setuptools 70.1+ builds wheels itself: then no isolated build env, no download needed)
