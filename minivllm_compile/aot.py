@@ -3,8 +3,8 @@ forward from the cache if it is there and still valid, else compile it ahead of 
 
 VLLM_USE_AOT_COMPILE (default on where torch has aot_compile) applies to VLLM_COMPILE with Inductor
 through standalone_compile: its backend returns a serializable function pointing at each piece's
-saved artifact. VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable
-artifact into an error; VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
+saved artifact. VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable artifact into an error;
+VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
 """
 
 from __future__ import annotations
