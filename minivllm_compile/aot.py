@@ -9,6 +9,7 @@ VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from pathlib import Path
@@ -30,20 +31,16 @@ def use_aot_compile(cc: CompilationConfig) -> bool:
         # nothing. (vLLM's load instead re-runs its backend and finds compile_fx's graphs by hash
         # in the FX graph cache.) Here such a model traces and compiles each start, and Inductor
         # finds its graphs in its cache under the compile cache directory.
-        _warn_once("VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0: the AOT artifact "
-                   "needs standalone_compile's artifacts. Each start traces again, and Inductor finds "
-                   "what it compiled in its FX graph cache under the compile cache directory.")
+        _warn_aot_needs_standalone()
         return False
     return True
 
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning(message)
+@functools.cache  # once per process
+def _warn_aot_needs_standalone() -> None:
+    logger.warning("VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0: the AOT artifact "
+                   "needs standalone_compile's artifacts. Each start traces again, and Inductor finds "
+                   "what it compiled in its FX graph cache under the compile cache directory.")
 
 
 def aot_path(model: torch.nn.Module) -> Path:

@@ -277,10 +277,9 @@ def describe(root: str | Path | None = None) -> str:
         if any(part in FOREIGN_CACHES for part in rel[:-1]):
             continue  # inside Inductor's or Triton's own cache: one line for the whole folder
         depth = len(rel)
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-        note = ""
-        if path.name in FOREIGN_CACHES:
-            note = f"  ({sum(1 for f in path.rglob('*') if f.is_file())} files: {FOREIGN_CACHES[path.name]})"
+        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+        size = sum(f.stat().st_size for f in files)
+        note = f"  ({len(files)} files: {FOREIGN_CACHES[path.name]})" if path.name in FOREIGN_CACHES else ""
         lines.append(f"{'  ' * depth}{path.name}{'/' if path.is_dir() else ''}  {_human(size)}{note}")
         if path.name == "cache_key_factors.json":
             factors = json.loads(path.read_text())

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-
 from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter
 from minivllm_compile.envs import default_device
 from minivllm_compile.models import load_model

@@ -112,4 +112,3 @@ def test_decoder_traces_as_one_graph_with_auto_functionalized_ops():
     for op in ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul"):
         assert f"minivllm.{op}" in code, op
     assert code.count("minivllm.unified_attention_with_output") == 2  # one per layer
-
