@@ -9,14 +9,17 @@ VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 from minivllm_compile import caching, envs
+from minivllm_compile.cache_files import file_mode
 from minivllm_compile.config import CompilationConfig, CompilationMode
 from minivllm_compile.counter import compilation_counter
 
@@ -44,7 +47,7 @@ def _warn_aot_needs_standalone() -> None:
 
 
 def aot_path(model: torch.nn.Module) -> Path:
-    key, _ = caching.aot_cache_key(model, model.compilation_config)
+    key, _ = caching.aot_cache_key(model, model.compilation_config, model.model_factors)
     return caching.cache_root() / "torch_aot_compile" / key / "rank_0_0" / "model"
 
 
@@ -91,10 +94,17 @@ def save(model) -> None:
     if envs.VLLM_DISABLE_COMPILE_CACHE:
         return
     path = model.aot_path  # try_load computed it before this compile
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with caching.locked(path.parent):  # torch writes it to a temp file renamed into place
-            model.aot_compiled_fn.save_compiled_function(str(path))
+        with caching.locked(path.parent):
+            model.aot_compiled_fn.save_compiled_function(str(tmp))
+            # torch writes it through a NamedTemporaryFile, mode 0600 (vLLM's AOT files are private
+            # to their owner that way): give it what open() gives, so a shared cache can read it
+            os.chmod(tmp, file_mode())
+            os.replace(tmp, path)
     except Exception as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         logger.warning("cannot save the AOT artifact to %s (%s); it stays in memory", path, e)
         return
     compilation_counter.num_aot_artifacts_saved += 1

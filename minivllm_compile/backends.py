@@ -7,13 +7,14 @@ graph: at run time it calls the compiled pieces and, between them, the splitting
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import operator
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
@@ -225,10 +226,32 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         return output
 
 
+# which compiled part of the model the next VllmBackend serves (vLLM: backbone, eagle_head, ...):
+# its folder in the cache, beside the other parts'
+model_tag: str = caching.DEFAULT_MODEL_TAG
+
+
+@contextlib.contextmanager
+def set_model_tag(tag: str) -> Iterator[None]:
+    """Build a compiled submodule under its own tag (as vLLM's set_model_tag): its pieces get their
+    own folder, `<hash>/rank_0_0/<tag>`."""
+    global model_tag
+    if tag == model_tag:
+        raise ValueError(f"model tag {tag!r} is the current tag already")
+    old, model_tag = model_tag, tag
+    try:
+        yield
+    finally:
+        model_tag = old
+
+
 class VllmBackend:
-    def __init__(self, compilation_config: CompilationConfig, prefix: str = "backbone"):
+    def __init__(self, compilation_config: CompilationConfig, prefix: str = ""):
         self.compilation_config = compilation_config
-        self.prefix = prefix
+        self.prefix = prefix or model_tag
+        # what tells this model from others in the cache key (caching.model_factors); the
+        # decorator sets it at the first call, None when the backend is used on its own
+        self.model_factors: dict | None = None
         self.inductor_config, _ = compilation_config.inductor_config_and_guard_filter()
         self.compiler_manager = CompilerManager(compilation_config, self.inductor_config)
         self.graphs: list[fx.GraphModule] = []  # the Dynamo graph (one: Dynamo traces once)
@@ -242,26 +265,23 @@ class VllmBackend:
         enable_auto_functionalized_v2=False so FixFunctionalizationPass sees v1 nodes)."""
         if self.compilation_config.backend != "inductor":
             return
-        from minivllm_compile.passes import PostGradPassManager
+        from minivllm_compile.passes import make_pass_manager
 
-        manager = PostGradPassManager()
-        manager.configure(self.compilation_config.pass_config)
-        user_pass = self.inductor_config.get("post_grad_custom_post_pass")
-        if user_pass is not None:
-            manager.add(user_pass)
-        self.post_grad_pass_manager = manager
+        self.post_grad_pass_manager = manager = make_pass_manager(self.compilation_config)
         self.inductor_config["post_grad_custom_post_pass"] = manager
         self.inductor_config.setdefault("enable_auto_functionalized_v2", False)
 
     def _pick_cache_dir(self, example_inputs: list) -> Path | None:
         """<root>/<hash of every factor, traced files included>/rank_0_0/<prefix>, as vLLM lays it;
-        None when the cache is off or cannot be written (then everything stays in memory)."""
+        None when the cache is off or cannot be written (then everything stays in memory). A
+        CompilationConfig.cache_dir takes the root's place; vLLM uses it as the hash folder itself,
+        but then two models given the same cache_dir would overwrite each other's pieces."""
         cc = self.compilation_config
         device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
-        key, self.cache_key_factors = caching.backend_cache_key(cc, device)
+        key, self.cache_key_factors = caching.backend_cache_key(cc, device, self.model_factors)
         if envs.VLLM_DISABLE_COMPILE_CACHE:
             return None
-        local = Path(cc.cache_dir or caching.cache_root() / key) / "rank_0_0" / self.prefix
+        local = Path(cc.cache_dir or caching.cache_root()) / key / "rank_0_0" / self.prefix
         try:
             caching.atomic_write(local / "cache_key_factors.json", json.dumps(self.cache_key_factors, indent=1))
         except OSError as e:

@@ -1,9 +1,9 @@
-"""The persistent compile cache and the AOT artifact (vLLM's compilation/caching.py; seed §10, §11).
+"""The compile cache's keys and the AOT artifact (vLLM's compilation/caching.py; seed §10, §11).
 
 Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
 
     torch_aot_compile/<aot hash>/rank_0_0/model     the whole compiled forward (torch's AOT format)
-    <backend hash>/rank_0_0/<prefix>/               what VllmBackend wrote for that model:
+    <backend hash>/rank_0_0/<tag>/                  what VllmBackend wrote for that model:
         cache_key_factors.json                      every factor of <backend hash>
         computation_graph.py                        the split graph, readable
         artifact_compile_range_<r>_subgraph_<i>     one Inductor artifact per piece and entry
@@ -11,17 +11,34 @@ Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
                                                     Inductor's and Triton's own caches, moved here
                                                     by the compile_fx adaptor (VLLM_USE_STANDALONE_COMPILE=0)
 
-The AOT hash is known before Dynamo runs (config, switches, torch, the model's class and weights'
-shapes); the files Dynamo traced are checked after loading, and a changed one means a recompile.
-Every write goes to a temporary file renamed into place, under a lock, so a reader or a second
-writer never sees half a file.
+A key must cover everything that changes the compiled code, or the cache serves kernels built for
+something else. Its factors, and what each covers:
+
+    config          the CompilationConfig's fields (mode, sizes, ranges, splitting ops, passes, ...)
+    envs            the switches that change what is compiled (VLLM_USE_AOT_COMPILE, ...)
+    torch           the torch release that compiled it
+    inductor_config Inductor's own settings in this process
+    compiler        the source of this package's compiler (backends, passes, ...): vLLM puts its
+                    release (vllm.__version__) in the key for the same reason
+    passes          the post-grad passes' uuids, a user's pass included (vLLM: PostGradPassManager.uuid)
+    model           the compiled module's class and every parameter's and buffer's name, shape,
+                    dtype and device (weights are graph inputs: their values are not baked in)
+    constants       every plain value the module and its submodules hold (an eps, a head count,
+                    a layer name, a bool that picks a branch): Dynamo bakes such values into the
+                    graph as constants, and with the guards dropped nothing would notice a change
+                    (vLLM hashes the model's configuration for this)
+    inputs          the first call's arguments: each tensor's dtype, device, static sizes and
+                    contiguity; each plain argument's value
+    tag             which compiled part of the model it is (vLLM's model tag, "backbone" by default)
+    device          (backend key) where the traced graph's inputs live
+    traced_files    (backend key) every file Dynamo traced, with its content. The AOT key is
+                    known before Dynamo runs, so the AOT load checks the traced sources instead.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
+import dataclasses
+import enum
 import inspect
 import io
 import json
@@ -31,33 +48,26 @@ import pickle
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.fx as fx
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from minivllm_compile import cpu_isa, envs
+from minivllm_compile.cache_files import (  # noqa: F401  (atomic_write, locked: used through caching.*)
+    atomic_write, cache_root, compiler_source_hash, file_hash, locked, portable_path, resolve_path, sha)
 from minivllm_compile.compiler_interface import first_output
 from minivllm_compile.config import CompilationConfig, Range
+from minivllm_compile.counter import compilation_counter
+from minivllm_compile.piecewise_backend import PiecewiseBackend
 
 logger = logging.getLogger("minivllm_compile")
 
-
-def cache_root() -> Path:
-    return Path(envs.VLLM_CACHE_ROOT) / "torch_compile_cache"
+DEFAULT_MODEL_TAG = "backbone"
 
 
-def _sha(text: str, n: int = 10) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:n]
-
-
-def file_hash(path: str) -> str:
-    h = hashlib.sha256(path.encode())
-    with contextlib.suppress(OSError), open(path, "rb") as f:
-        h.update(f.read())
-    return h.hexdigest()[:16]
-
+# --- what the compiled code depends on ------------------------------------------------------------
 
 def model_signature(module: torch.nn.Module) -> str:
     """The model's class and every parameter's name, shape, dtype and device type: weights are graph
@@ -68,55 +78,104 @@ def model_signature(module: torch.nn.Module) -> str:
     rows = [f"{cls.__module__}.{cls.__qualname__}:{forward.__code__.co_firstlineno}"]
     rows += [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}" for n, p in module.named_parameters()]
     rows += [f"{n}:{tuple(b.shape)}:{b.dtype}:{b.device.type}" for n, b in module.named_buffers()]
-    return _sha("\n".join(rows), 16)
+    return sha("\n".join(rows), 16)
+
+
+_SKIP = object()
+# set by the decorator and the wrapper on the compiled module itself: how it is compiled (the
+# config has its own factor), not what it computes
+_COMPILE_STATE = frozenset({"compilation_config", "do_not_compile", "compiled", "first_compile",
+                           "aot_compiled_fn", "aot_path", "guard_table", "input_spec", "model_factors"})
+
+
+def _constant(value: Any) -> Any:
+    """`value` as JSON if a trace could bake it into the graph as a constant, else _SKIP. Tensors
+    and modules are not constants (they are inputs, or walked on their own); None is skipped too,
+    so that a cache slot filled after construction does not change the key."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return repr(value)  # nan and inf too, and no rounding
+    if isinstance(value, (tuple, list)):
+        items = [_constant(v) for v in value]
+        return _SKIP if any(i is _SKIP for i in items) else items
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _constant(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {k: v for k, v in fields.items() if v is not _SKIP}
+    return _SKIP
+
+
+def constant_value(value: Any) -> Any:
+    """`value` as JSON if a trace could bake it in as a constant, else None."""
+    value = _constant(value)
+    return None if value is _SKIP else value
+
+
+def model_constants(module: torch.nn.Module) -> dict[str, Any]:
+    """Every plain value the module and its submodules hold, by dotted name: what Dynamo would bake
+    into the graph if forward read it (an RMSNorm's eps, an attention layer's scale and name)."""
+    found = {}
+    for prefix, m in module.named_modules():
+        for name, value in vars(m).items():
+            if name.startswith("_") or (m is module and name in _COMPILE_STATE):
+                continue
+            value = _constant(value)
+            if value is not _SKIP:
+                found[f"{prefix}.{name}" if prefix else name] = value
+    return found
+
+
+def passes_uuid(cc: CompilationConfig) -> str | None:
+    """The post-grad passes this config runs, by their uuids (each one's source and settings)."""
+    if cc.backend != "inductor":
+        return None
+    from minivllm_compile.passes import make_pass_manager
+
+    return make_pass_manager(cc).uuid()[:16]
 
 
 def inductor_config_hash() -> str:
     import torch._inductor.config as inductor_config
 
-    return _sha(str(inductor_config.save_config_portable()) if hasattr(inductor_config, "save_config_portable")
-                else repr(sorted(inductor_config.get_config_copy().items(), key=str)), 16)
+    return sha(str(inductor_config.save_config_portable()) if hasattr(inductor_config, "save_config_portable")
+               else repr(sorted(inductor_config.get_config_copy().items(), key=str)), 16)
 
 
-def aot_cache_key(module: torch.nn.Module, cc: CompilationConfig) -> tuple[str, dict]:
-    factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
-               "model": model_signature(module)}
-    return _sha(json.dumps(factors, sort_keys=True)), factors
+def model_factors(module: torch.nn.Module, inputs: dict | None = None) -> dict[str, Any]:
+    """The factors that tell one compiled module from another: what it is, what it holds, what it
+    was first called with, and its tag."""
+    return {"model": model_signature(module),
+            "constants": sha(json.dumps(model_constants(module), sort_keys=True), 16),
+            "inputs": inputs,
+            "tag": getattr(getattr(module, "backend", None), "prefix", DEFAULT_MODEL_TAG)}
 
 
-def backend_cache_key(cc: CompilationConfig, device: str) -> tuple[str, dict]:
-    """After tracing: the config, switches, torch and Inductor config, the device type the graph runs
-    on (vLLM hashes its DeviceConfig), and every traced file."""
-    factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
-               "device": device,
-               "inductor_config": inductor_config_hash(),
+def compile_factors(cc: CompilationConfig) -> dict[str, Any]:
+    """The factors that do not depend on the model: how it is compiled, and by what."""
+    return {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
+            "inductor_config": inductor_config_hash(), "compiler": compiler_source_hash(),
+            "passes": passes_uuid(cc)}
+
+
+def aot_cache_key(module: torch.nn.Module, cc: CompilationConfig,
+                  factors_of_model: dict | None = None) -> tuple[str, dict]:
+    """Known before Dynamo runs: everything but the traced files, which the load checks itself."""
+    factors = {**compile_factors(cc), **(factors_of_model or model_factors(module))}
+    return sha(json.dumps(factors, sort_keys=True)), factors
+
+
+def backend_cache_key(cc: CompilationConfig, device: str,
+                      factors_of_model: dict | None = None) -> tuple[str, dict]:
+    """After tracing: the AOT key's factors, the device type the graph runs on (vLLM hashes its
+    DeviceConfig), and every traced file."""
+    factors = {**compile_factors(cc), **(factors_of_model or {}), "device": device,
                "traced_files": {p: file_hash(p) for p in sorted(cc.traced_files)}}
-    return _sha(json.dumps(factors, sort_keys=True)), factors
+    return sha(json.dumps(factors, sort_keys=True)), factors
 
 
-# --- writing safely ---------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """An exclusive lock on `directory` (two processes compiling the same model save one at a time)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
+# --- artifacts ----------------------------------------------------------------------------------
 
 def save_artifact(artifact: Any, path: Path, fmt: str) -> None:
     """CompiledArtifact.save into a temporary name, then renamed: never a half-written artifact."""
@@ -180,7 +239,8 @@ class VllmSerializableFunction(SerializableCallable):
         for p in fn.pieces:
             entries = {}
             for r, path in p["entries"].items():
-                entries[r] = {"bytes": _read_artifact_bytes(Path(path))} if mega else {"path": path}
+                # a path relative to the cache root: a moved cache still finds its pieces
+                entries[r] = {"bytes": _read_artifact_bytes(Path(path))} if mega else {"path": portable_path(path)}
             pieces.append({**p, "entries": entries})
         state = {"graph": graph_bytes, "config": pickle.dumps(fn.compilation_config), "pieces": pieces,
                  "save_format": fn.save_format, "mega": mega}
@@ -205,14 +265,11 @@ class VllmSerializableFunction(SerializableCallable):
 
     @staticmethod
     def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, state: dict) -> None:
-        from minivllm_compile.counter import compilation_counter
-        from minivllm_compile.piecewise_backend import PiecewiseBackend
-
         for p in state["pieces"]:
             runnables = {}
             for r, ref in p["entries"].items():
                 runnables[r] = (_load_artifact_bytes(ref["bytes"], state["save_format"]) if "bytes" in ref
-                                else load_artifact(Path(ref["path"]), state["save_format"]))
+                                else load_artifact(resolve_path(ref["path"]), state["save_format"]))
                 compilation_counter.num_compiled_artifacts_loaded += 1
                 if p.get("single_output"):
                     runnables[r] = first_output(runnables[r])

@@ -31,6 +31,7 @@ from typing import Iterator
 import torch
 
 from minivllm_compile import envs
+from minivllm_compile.cache_files import atomic_write, sha
 
 logger = logging.getLogger("minivllm_compile")
 
@@ -69,9 +70,7 @@ def probe_key() -> str:
     factors = {"torch": torch.__version__, "torch_git": getattr(torch.version, "git_version", ""),
                "python": sys.executable, "compiler": resolved, "claimed": _claimed(),
                "cpu": platform.processor() or platform.machine()}
-    from minivllm_compile.caching import _sha
-
-    return _sha(json.dumps(factors, sort_keys=True), 16)
+    return sha(json.dumps(factors, sort_keys=True), 16)
 
 
 def _read(warn: bool = True) -> dict:
@@ -119,8 +118,6 @@ def remember() -> None:
     if data.get(key) == answer:
         return
     data[key] = answer
-    from minivllm_compile.caching import atomic_write
-
     try:
         atomic_write(record_path(), json.dumps(data, indent=1, sort_keys=True))
     except OSError as e:  # an unwritable cache root costs the probe next time, nothing more

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
-from minivllm_compile import aot
+from minivllm_compile import aot, caching
 from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import start_monitoring_torch_compile
@@ -94,8 +94,8 @@ def _compile_patches_supported() -> dict[str, bool]:
                 torch._dynamo.decorators.mark_unbacked).parameters}
 
 
-def _mark_dims(arg: torch.Tensor, dims: list[int], unbacked: bool) -> None:
-    dims = [arg.ndim + d if d < 0 else d for d in dims]
+def _mark_dims(arg: torch.Tensor, dims: int | list[int], unbacked: bool) -> None:
+    dims = _dims(arg, dims)
     if not unbacked:
         torch._dynamo.mark_dynamic(arg, dims)
     elif _compile_patches_supported()["mark_unbacked_hint_override"]:
@@ -103,6 +103,78 @@ def _mark_dims(arg: torch.Tensor, dims: list[int], unbacked: bool) -> None:
             torch._dynamo.decorators.mark_unbacked(arg, d, hint_override=arg.shape[d])
     else:
         torch._dynamo.decorators.mark_unbacked(arg, dims)
+
+
+def _dims(arg: torch.Tensor, dims: int | list[int]) -> list[int]:
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return [arg.ndim + d if d < 0 else d for d in dims]
+
+
+def input_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_arg_dims: dict,
+               mark_unbacked_dims: dict | None) -> dict[str, dict]:
+    """What the first call passed, as the trace saw it: each tensor's dtype, device, sizes (None
+    where the dimension is dynamic) and contiguity; each other argument's value. With Dynamo's
+    guards dropped, all of it is baked into the compiled code."""
+    bound = inspect.signature(type(model).forward).bind(model, *args, **kwargs)
+    spec = {}
+    for name, value in list(bound.arguments.items())[1:]:
+        if isinstance(value, torch.Tensor):
+            dynamic = set()
+            for marks in (dynamic_arg_dims, mark_unbacked_dims or {}):
+                if name in marks:
+                    dynamic |= set(_dims(value, marks[name]))
+            spec[name] = {"dtype": str(value.dtype), "device": value.device.type,
+                          "shape": [None if d in dynamic else n for d, n in enumerate(value.shape)],
+                          "contiguous": value.is_contiguous()}
+        else:
+            constant = caching.constant_value(value)
+            spec[name] = {"value": type(value).__name__ if constant is None else constant}
+    model._input_checks = _compile_checks(model, spec)
+    return spec
+
+
+def _compile_checks(model: nn.Module, spec: dict[str, dict]) -> tuple:
+    """The spec as tuples check_inputs can walk fast (it runs on every call)."""
+    params = list(inspect.signature(type(model).forward).parameters)[1:]
+    checks = []
+    for name, s in spec.items():
+        if "dtype" in s:
+            dtype = getattr(torch, s["dtype"].removeprefix("torch."))
+            static = tuple((d, n) for d, n in enumerate(s["shape"]) if n is not None)
+            checks.append((name, params.index(name), dtype, s["device"], len(s["shape"]), static,
+                           s["contiguous"]))
+    return tuple(checks)
+
+
+def check_inputs(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Refuse a call the compiled code was not traced for. Its guards were dropped, so nothing else
+    would notice: int32 ids read as int64 run off the end of a buffer (the process aborts), a
+    strided tensor read as contiguous gives wrong numbers."""
+    for name, pos, dtype, device, ndim, static, contiguous in model._input_checks:
+        value = args[pos] if pos < len(args) else kwargs.get(name)
+        if (not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != ndim
+                or (contiguous and not value.is_contiguous()) or value.device.type != device
+                or any(value.shape[d] != n for d, n in static)):
+            raise ValueError(_input_mismatch(model, name, value, model.input_spec[name]))
+
+
+def _input_mismatch(model: nn.Module, name: str, value: Any, spec: dict) -> str:
+    cls = type(model).__name__
+    traced = (f"{spec['dtype']} on {spec['device']}, {len(spec['shape'])}-D, sizes "
+              f"{['num_tokens' if n is None else n for n in spec['shape']]}"
+              + (", contiguous" if spec["contiguous"] else ""))
+    if not isinstance(value, torch.Tensor):
+        got = f"a {type(value).__name__}"
+    else:
+        got = f"{value.dtype} on {value.device.type}, {value.dim()}-D, sizes {list(value.shape)}"
+        if spec["contiguous"] and not value.is_contiguous():
+            got += f", not contiguous (strides {list(value.stride())})"
+    fix = (f"pass {name}.to({spec['dtype']})" if isinstance(value, torch.Tensor) and str(value.dtype) != spec["dtype"]
+           else f"pass {name}.contiguous()" if isinstance(value, torch.Tensor) and spec["contiguous"]
+           and not value.is_contiguous() else "pass what the first call passed")
+    return (f"{cls} was compiled once, on its first call, for {name}: {traced}; this call passes {got}. "
+            f"The compiled code has no guards to notice (they were dropped), so it would read the tensor "
+            f"wrongly: {fix}, or build another model for these inputs.")
 
 
 def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: dict | None,
@@ -142,7 +214,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
                 if not isinstance(arg, torch.Tensor):
                     raise ValueError(f"dynamic dims {dims} given for argument {name!r}, which is a "
                                      f"{type(arg).__name__}, not a tensor")
-                dims = [dims] if isinstance(dims, int) else list(dims)
+                dims = _dims(arg, dims)
                 small = [d for d in dims if arg.shape[d] < 2]
                 if small and not as_unbacked:
                     raise ValueError(
@@ -157,9 +229,16 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         if self.do_not_compile or torch.compiler.is_compiling():
             return self.forward(*args, **kwargs)
         if self.aot_compiled_fn is not None:  # loaded or AOT-compiled: no Dynamo, no hook
+            check_inputs(self, args, kwargs)
             return self.aot_compiled_fn(self, *args, **kwargs)
         if self.compiled:
+            check_inputs(self, args, kwargs)
             return TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
+        # what this one trace will fit: part of the cache key, and checked at every later call
+        self.input_spec = input_spec(self, args, kwargs, dynamic_arg_dims, mark_unbacked_dims)
+        self.model_factors = caching.model_factors(self, self.input_spec)
+        if hasattr(self.backend, "model_factors"):
+            self.backend.model_factors = self.model_factors
         use_aot = aot.use_aot_compile(self.compilation_config)
         if use_aot and aot.try_load(self):
             return self.aot_compiled_fn(self, *args, **kwargs)

@@ -127,7 +127,9 @@ def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
     d = backend_dirs[0]
     assert (d / "computation_graph.py").read_text().count("class GraphModule") >= 1
     factors = json.loads((d / "cache_key_factors.json").read_text())
-    assert set(factors) == {"config", "envs", "torch", "device", "inductor_config", "traced_files"}
+    assert set(factors) == {"config", "envs", "torch", "device", "inductor_config", "traced_files", "compiler",
+                            "passes", "model", "constants", "inputs", "tag"}
+    assert factors["tag"] == "backbone" and factors["inputs"]["input_ids"]["dtype"] == "torch.int64"
     assert factors["torch"] == torch.__version__ and "VLLM_USE_AOT_COMPILE" in factors["envs"]
     assert factors["device"] == "cpu"  # where the traced graph's inputs live
     assert any(p.endswith("models/llama.py") for p in factors["traced_files"])

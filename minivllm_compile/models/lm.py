@@ -110,6 +110,8 @@ class LM:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One prefill of one new sequence: logits [num_tokens, vocab] for every token."""
         self._check_inputs(input_ids, positions)
+        # the compiled decoder takes int64, contiguous ids (what its one trace saw, as in vLLM)
+        input_ids, positions = input_ids.long().contiguous(), positions.long().contiguous()
         n = input_ids.shape[0]
         # the tokens fill cache slots 0..n-1 in order; `positions` only feeds RoPE
         md = self.metadata([n], [n], [0], self.allocate_caches([n]))

@@ -8,10 +8,10 @@ from minivllm_compile.passes.inductor_pass import (
     is_func,
 )
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
-from minivllm_compile.passes.pass_manager import PostGradPassManager
+from minivllm_compile.passes.pass_manager import PostGradPassManager, make_pass_manager
 from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
 
 __all__ = [
     "CallableInductorPass", "FixFunctionalizationPass", "InductorPass", "NoOpEliminationPass",
-    "PostGradPassManager", "Records", "VllmInductorPass", "graph_text", "is_func",
+    "PostGradPassManager", "Records", "VllmInductorPass", "graph_text", "is_func", "make_pass_manager",
 ]

@@ -18,7 +18,8 @@ from typing import Any
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from minivllm_compile.config import PassConfig, Range
+from minivllm_compile.cache_files import compiler_source_hash
+from minivllm_compile.config import CompilationConfig, PassConfig, Range
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
 from minivllm_compile.passes.inductor_pass import CallableInductorPass, InductorPass, graph_text
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
@@ -76,10 +77,28 @@ class PostGradPassManager(CustomGraphPass):
 
     def uuid(self) -> Any:
         """Part of Inductor's FX-graph cache key: a changed pass, pass config or compile range
-        must not hit kernels compiled under the old ones."""
+        must not hit kernels compiled under the old ones. Each pass's uuid hashes its class's
+        source, as in vLLM; the compiler's whole source is added, so that an edit outside a pass's
+        class (a helper it calls) cannot hit kernels the old code built either."""
         state = {
             "pass_config": asdict(self.pass_config),
             "passes": [p.uuid() for p in self.all_passes()],
             "compile_range": str(self.compile_range),
+            "compiler": compiler_source_hash(),
         }
         return InductorPass.hash_dict(state)
+
+
+def make_pass_manager(cc: CompilationConfig) -> PostGradPassManager:
+    """The passes a config runs, a user's `post_grad_custom_post_pass` among them (as vLLM's
+    VllmBackend.configure_post_pass merges it). The backend installs this manager; the cache key
+    hashes its uuid, so both see the same passes."""
+    manager = PostGradPassManager()
+    manager.configure(cc.pass_config)
+    user_pass = cc.inductor_compile_config.get("post_grad_custom_post_pass")
+    if isinstance(user_pass, PostGradPassManager):
+        raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is a PostGradPassManager: "
+                         "give the pass itself; the backend builds the manager")
+    if user_pass is not None:
+        manager.add(user_pass)
+    return manager

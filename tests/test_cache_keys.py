@@ -1,0 +1,286 @@
+"""The compile cache never serves kernels compiled for something else. Each case compiles in one
+process and starts another on the same cache, as a user's next run would: the second process must
+compile afresh where anything that changes the compiled code differs (the model, a constant the
+trace baked in, a pass's source, the inputs), load where nothing does, and match eager either way."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minivllm_compile import CompilationConfig, caching
+
+CHILD = r"""
+import json, sys, torch
+spec = json.loads(sys.argv[1])
+sys.path[:0] = spec.get("path", [])
+from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
+
+def config():
+    kw = dict(spec.get("cc", {}))
+    if "user_pass" in kw:
+        import toy_pass
+        kw["inductor_compile_config"] = {"post_grad_custom_post_pass": toy_pass.user_pass}
+        del kw["user_pass"]
+    return CompilationConfig(mode=CompilationMode[spec.get("mode", "VLLM_COMPILE")],
+                             max_num_batched_tokens=16, **kw)
+
+results = {}
+if spec.get("toy"):
+    import toy_model
+    x = torch.arange(12, dtype=torch.float32).view(6, 2)
+    for name in spec["toy"]:
+        compiled, eager = (toy_model.make(name, cc) for cc in (config(), None))
+        results[name] = (compiled(x), eager(x))
+else:
+    from minivllm_compile.models import build_model
+    sizes = spec.get("sizes", {})
+    lm = build_model("llama", num_layers=spec.get("layers", 1), compilation_config=config(), **sizes)
+    eager = build_model("llama", num_layers=spec.get("layers", 1), **sizes)
+    ids = torch.arange(7, dtype=getattr(torch, spec.get("ids_dtype", "int64")))
+    if spec.get("raw"):  # the decorated model itself, first called with these ids (the LM converts)
+        from minivllm_compile.forward_context import set_forward_context
+        def raw(m, ids, n):
+            with torch.inference_mode(), set_forward_context(None, m.model.static_forward_context):
+                return m.model(ids, torch.arange(n))
+        results["lm"] = (raw(lm, ids, 7), raw(eager, ids.long(), 7))
+    else:
+        results["lm"] = (lm(ids, torch.arange(7)), eager(ids, torch.arange(7)))
+    if spec.get("then_ids_dtype"):  # a second call with other inputs
+        try:
+            raw(lm, torch.arange(5, dtype=getattr(torch, spec["then_ids_dtype"])), 5)
+        except ValueError as e:
+            print("REFUSED " + str(e).replace("\n", " "))
+diffs = {k: (c - e).abs().max().item() for k, (c, e) in results.items()}
+print("RESULT " + json.dumps({**vars(compilation_counter), "diffs": diffs}))
+"""
+
+
+def run(root: Path, spec: dict, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
+    environ = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0", **(env or {})}
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=environ,
+                          capture_output=True, text=True, timeout=600)
+    result = next((json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")), None)
+    return proc, result
+
+
+def ok(proc: subprocess.CompletedProcess, result: dict | None, loaded: bool, tol: float = 1e-4) -> dict:
+    """The process ended well, loaded (or compiled) as expected, and matched eager."""
+    assert proc.returncode == 0 and result is not None, proc.stderr[-3000:]
+    assert result["num_aot_artifacts_loaded"] == (1 if loaded else 0), (result, proc.stderr[-2000:])
+    assert result["num_aot_compiles"] == (0 if loaded else 1), result
+    assert all(d <= tol for d in result["diffs"].values()), result["diffs"]
+    return result
+
+
+def backend_dirs(root: Path) -> list[Path]:
+    return sorted((root / "torch_compile_cache").glob("*/rank_0_0/*"))
+
+
+def test_a_second_model_never_overwrites_the_first_ones_pieces(tmp_path):
+    """1 layer, then 2 layers of the same architecture, then 1 layer again: the third process loads
+    the first model's own pieces. (The pieces' folder used to be keyed without the model, so the
+    2-layer model overwrote them, and every later 1-layer process crashed or computed garbage.)"""
+    ok(*run(tmp_path, {"layers": 1}), loaded=False)
+    ok(*run(tmp_path, {"layers": 2}), loaded=False)
+    assert len(backend_dirs(tmp_path)) == 2
+    ok(*run(tmp_path, {"layers": 1}), loaded=True)
+    ok(*run(tmp_path, {"layers": 2}), loaded=True)
+
+
+def test_a_constant_baked_into_the_trace_is_in_the_key(tmp_path):
+    """rms_norm_eps is a Python float Dynamo makes a constant; with the guards dropped nothing would
+    notice another value. A model differing only in it compiles afresh (it used to load the first
+    model's artifact, and its logits differed from eager by 0.38 on tiny-llama)."""
+    ok(*run(tmp_path, {}), loaded=False)
+    ok(*run(tmp_path, {"sizes": {"rms_norm_eps": 0.1}}), loaded=False)
+    assert len(backend_dirs(tmp_path)) == 2
+    ok(*run(tmp_path, {"sizes": {"rms_norm_eps": 0.1}}), loaded=True)
+
+
+TOY = '''
+import torch
+from torch import nn
+from minivllm_compile import support_torch_compile
+
+
+class Base(nn.Module):
+    def __init__(self, *, compilation_config=None, scale=1.0):
+        super().__init__()
+        torch.manual_seed(0)  # the same weights in every process, for every class
+        self.lin = nn.Linear(2, 2)
+        self.scale = scale
+
+
+@support_torch_compile
+class Double(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * 2
+
+
+@support_torch_compile
+class AddThree(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + 3
+
+
+@support_torch_compile
+class Scale(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+def make(name, cc):
+    cls, scale = {"double": (Double, 1.0), "add_three": (AddThree, 1.0),
+                  "scale2": (Scale, 2.0), "scale3": (Scale, 3.0)}[name]
+    return cls(compilation_config=cc, scale=scale)
+'''
+
+
+def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path):
+    """Two decorated classes with one config in the same file, and two instances of one class that
+    differ only in a float attribute: each loads its own compiled code in the next process."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "toy_model.py").write_text(TOY)
+    spec = {"toy": ["double", "add_three", "scale2", "scale3"], "path": [str(src)], "cc": {"splitting_ops": []}}
+    proc, first = run(tmp_path / "cache", spec)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert first["num_aot_compiles"] == 4 and max(first["diffs"].values()) < 1e-5
+    proc, second = run(tmp_path / "cache", spec)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert second["num_aot_artifacts_loaded"] == 4 and second["num_aot_compiles"] == 0
+    assert max(second["diffs"].values()) < 1e-5, second["diffs"]
+    assert len(backend_dirs(tmp_path / "cache")) == 4
+
+
+USER_PASS = '''
+import sys
+
+
+def user_pass(graph):
+    print("USER PASS v1", file=sys.stderr)
+'''
+
+
+def test_editing_a_users_pass_recompiles(tmp_path):
+    """A pass given as inductor_compile_config["post_grad_custom_post_pass"] is keyed by its source,
+    not by its repr (an address, new in every process): unchanged it loads, edited it compiles and
+    the edited pass runs."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "toy_pass.py").write_text(USER_PASS)
+    spec = {"path": [str(src)], "cc": {"user_pass": True}}
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # a pass runs on an FX-cache miss only
+    proc, _ = run(tmp_path / "cache", spec, env)
+    ok(proc, _, loaded=False)
+    assert "USER PASS v1" in proc.stderr
+    ok(*run(tmp_path / "cache", spec, env), loaded=True)
+    (src / "toy_pass.py").write_text(USER_PASS.replace("v1", "v2"))
+    proc, result = run(tmp_path / "cache", spec, env)
+    ok(proc, result, loaded=False)
+    assert "USER PASS v2" in proc.stderr
+
+
+def test_editing_the_compilers_own_pass_recompiles(tmp_path):
+    """An edit to this package's passes (here: NoOpEliminationPass's module) invalidates what was
+    compiled before it: the package's compiler source is a factor of the key, as vLLM's release is
+    of its. Run on a copy of the package, put first on sys.path."""
+    import minivllm_compile
+    import minivllm_compile.kernels
+
+    pkg = tmp_path / "pkg" / "minivllm_compile"
+    ignore = shutil.ignore_patterns("__pycache__", "checkpoints", "*.ipynb")
+    shutil.copytree(Path(minivllm_compile.__file__).parent, pkg, ignore=ignore)
+    if not (pkg / "kernels").exists():  # an editable install keeps kernels/ beside the package
+        shutil.copytree(Path(minivllm_compile.kernels.__file__).parent, pkg / "kernels", ignore=ignore)
+    spec = {"path": [str(tmp_path / "pkg")]}
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    ok(*run(tmp_path / "cache", spec, env), loaded=False)
+    ok(*run(tmp_path / "cache", spec, env), loaded=True)
+    noop = pkg / "passes" / "noop_elimination.py"
+    noop.write_text(noop.read_text() + '''
+
+_call = NoOpEliminationPass.__call__
+
+
+def _edited(self, graph):
+    import sys
+    print("EDITED NOOP PASS RAN", file=sys.stderr)
+    return _call(self, graph)
+
+
+NoOpEliminationPass.__call__ = _edited
+''')
+    # the edit is outside the pass's class: its uuid (vLLM's, the class's source) does not move,
+    # the compiler's source does, in our key and in Inductor's (through the pass manager's uuid)
+    proc, result = run(tmp_path / "cache", spec, env)
+    ok(proc, result, loaded=False)
+    assert "EDITED NOOP PASS RAN" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["VLLM_COMPILE", "DYNAMO_TRACE_ONCE"])
+def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mode):
+    """Compiled for int64 ids, the model used to read int32 ids as int64 and the process died
+    (SIGABRT, no Python exception). The decorated model now refuses them naming the fix, and the
+    LM converts them. A process whose first call has int32 ids compiles for int32 (the inputs are
+    in the key) instead of loading the int64 artifact."""
+    env = {"VLLM_DISABLE_COMPILE_CACHE": "1"} if mode == "DYNAMO_TRACE_ONCE" else {}
+    spec = {"mode": mode, "raw": True, "then_ids_dtype": "int32"}
+    proc, result = run(tmp_path, spec, env)
+    assert proc.returncode == 0 and result is not None, proc.stderr[-3000:]
+    assert "REFUSED LlamaModel was compiled once, on its first call, for input_ids: torch.int64" in proc.stdout
+    assert "pass input_ids.to(torch.int64)" in proc.stdout
+    assert result["diffs"]["lm"] < 1e-4
+    # the LM converts int32 ids itself
+    proc, result = run(tmp_path, {"mode": mode, "ids_dtype": "int32"}, env)
+    assert proc.returncode == 0 and result["diffs"]["lm"] < 1e-4, proc.stderr[-3000:]
+    if mode == "VLLM_COMPILE":  # the decorated model called with int32 first: its own artifact
+        proc, result = run(tmp_path, {"ids_dtype": "int32", "raw": True})
+        ok(proc, result, loaded=False)
+        assert len(list((tmp_path / "torch_compile_cache" / "torch_aot_compile").glob("*"))) == 2
+
+
+def test_a_moved_cache_still_loads_and_a_shared_one_is_readable(tmp_path):
+    """Piece paths in the AOT file are relative to the cache root, so a cache moved (or copied to
+    another machine) loads where VLLM_CACHE_ROOT now points; files get the mode an ordinary open()
+    gives them (0666 less the umask, as torch and vLLM write theirs), not mkstemp's 0600, so another
+    user of a shared cache can read them."""
+    ok(*run(tmp_path / "a", {}), loaded=False)
+    mask = os.umask(0)
+    os.umask(mask)
+    files = [p for p in (tmp_path / "a").rglob("*") if p.is_file() and p.name != ".lock"]
+    assert files and all(p.stat().st_mode & 0o777 == 0o666 & ~mask for p in files), \
+        {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in files}
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    proc, result = run(tmp_path / "b", {})
+    ok(proc, result, loaded=True)
+    assert "unusable" not in proc.stderr
+
+
+def test_the_key_covers_every_factor():
+    """In-process: which changes move the AOT key (the fresh-process tests above show it matters)."""
+    from minivllm_compile.models import build_model
+
+    lm = build_model("llama", num_layers=1)
+    base = caching.aot_cache_key(lm.model, CompilationConfig())
+    assert {"config", "envs", "torch", "inductor_config", "compiler", "passes", "model", "constants",
+            "inputs", "tag"} <= set(base[1])
+    eps = build_model("llama", num_layers=1, rms_norm_eps=0.1)
+    assert caching.aot_cache_key(eps.model, CompilationConfig())[0] != base[0]
+    assert caching.model_constants(eps.model)["norm.eps"] == repr(0.1)
+    inputs = {"input_ids": {"dtype": "torch.int32"}}
+    with_inputs = caching.aot_cache_key(lm.model, CompilationConfig(), caching.model_factors(lm.model, inputs))
+    assert with_inputs[0] != base[0]
+    from minivllm_compile.backends import VllmBackend, set_model_tag
+
+    with set_model_tag("eagle_head"):
+        assert VllmBackend(CompilationConfig()).prefix == "eagle_head"
+    assert VllmBackend(CompilationConfig()).prefix == "backbone"
+    with pytest.raises(ValueError, match="current tag"), set_model_tag("backbone"):
+        pass
