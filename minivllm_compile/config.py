@@ -8,6 +8,7 @@ import enum
 import functools
 import hashlib
 import json
+import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator
@@ -22,6 +23,12 @@ class CompilationMode(enum.IntEnum):
     STOCK_TORCH_COMPILE = 1  # plain torch.compile: Dynamo's guards kept, recompiles on new shapes
     DYNAMO_TRACE_ONCE = 2  # one Dynamo trace, guards dropped, the whole graph to Inductor
     VLLM_COMPILE = 3  # one trace, guards dropped, the graph split and compiled piecewise
+
+
+def _require_bool(owner: str, name: str, value: Any) -> None:
+    # bool only: "no" is truthy, and 1 or 0 reads as a count somewhere else
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
 
 
 class DynamicShapesType(str, enum.Enum):
@@ -44,8 +51,7 @@ class DynamicShapesConfig:
             raise ValueError(f"DynamicShapesConfig.type={self.type!r} is not one of "
                              f"{[t.value for t in DynamicShapesType]}") from None
         for name in ("evaluate_guards", "assume_32_bit_indexing"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"DynamicShapesConfig.{name} must be True or False, got {getattr(self, name)!r}")
+            _require_bool("DynamicShapesConfig", name, getattr(self, name))
         if self.type == DynamicShapesType.UNBACKED and self.evaluate_guards:
             raise ValueError("DynamicShapesConfig(type=UNBACKED, evaluate_guards=True): unbacked symbols "
                              "add no shape guards to evaluate; use BACKED to look for specialisations")
@@ -78,6 +84,10 @@ class PassConfig:
     enable_fix_functionalization: bool = True
     enable_noop: bool = True  # remove no-op reshapes/slices before the other passes
 
+    def __post_init__(self):
+        for f in fields(self):
+            _require_bool("PassConfig", f.name, getattr(self, f.name))
+
 
 @dataclass
 class CompilationConfig:
@@ -106,6 +116,8 @@ class CompilationConfig:
 
     def __post_init__(self):
         try:
+            if isinstance(self.mode, bool):  # True would be STOCK_TORCH_COMPILE
+                raise ValueError
             self.mode = CompilationMode(self.mode)
         except ValueError:
             raise ValueError(f"CompilationConfig.mode={self.mode!r} is not one of "
@@ -116,26 +128,46 @@ class CompilationConfig:
         if self.backend not in ("inductor", "eager"):
             raise ValueError(f"CompilationConfig.backend={self.backend!r}: use 'inductor' or 'eager'")
         n = self.max_num_batched_tokens
-        if not isinstance(n, int) or n < 1:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"CompilationConfig.max_num_batched_tokens must be a positive int, got {n!r}")
         self.compile_sizes = self._sizes("compile_sizes", self.compile_sizes, upto=n)
         self.compile_ranges_endpoints = self._sizes("compile_ranges_endpoints",
                                                     self.compile_ranges_endpoints, upto=n)
         if self.splitting_ops is None:
             self.splitting_ops = list(DEFAULT_SPLITTING_OPS)
+        if not isinstance(self.splitting_ops, list):
+            raise ValueError(f"CompilationConfig.splitting_ops must be a list of op names, got {self.splitting_ops!r}")
         bad = [op for op in self.splitting_ops if not isinstance(op, str) or "::" not in op]
         if bad:
             raise ValueError(f"CompilationConfig.splitting_ops {bad}: write each op as 'namespace::name' "
                              f"or 'namespace::name.overload', e.g. 'minivllm::unified_attention_with_output'")
-        bad = [c for c in self.custom_ops if c not in ("all", "none")
-               and not (c[:1] in "+-" and c[1:] in CUSTOM_OPS)]
-        if bad or not isinstance(self.custom_ops, list):
-            raise ValueError(f"CompilationConfig.custom_ops {bad or self.custom_ops}: use 'all', 'none', "
-                             f"'+name' or '-name' with a name from {list(CUSTOM_OPS)}")
-        if isinstance(self.dynamic_shapes_config, dict):
-            self.dynamic_shapes_config = DynamicShapesConfig(**self.dynamic_shapes_config)
-        if isinstance(self.pass_config, dict):
-            self.pass_config = PassConfig(**self.pass_config)
+        self._check_custom_ops()
+        for name, cls in (("dynamic_shapes_config", DynamicShapesConfig), ("pass_config", PassConfig)):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                try:
+                    value = cls(**value)
+                except TypeError as e:  # an unknown key
+                    raise ValueError(f"CompilationConfig.{name}: {e}; its fields are "
+                                     f"{[f.name for f in fields(cls)]}") from None
+                setattr(self, name, value)
+            elif not isinstance(value, cls):
+                raise ValueError(f"CompilationConfig.{name} must be a {cls.__name__} (or a dict of its "
+                                 f"fields), got {value!r}")
+        for name in ("cache_dir", "debug_dump_path"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(f"CompilationConfig.{name} must be a path (str or os.PathLike), got {value!r}")
+        self.cache_dir = os.fspath(self.cache_dir or "")
+        _require_bool("CompilationConfig", "enable_layerwise_nvtx_tracing", self.enable_layerwise_nvtx_tracing)
+        if (n < 2 and self.mode in (CompilationMode.DYNAMO_TRACE_ONCE, CompilationMode.VLLM_COMPILE)
+                and self.dynamic_shapes_config.type != DynamicShapesType.UNBACKED):
+            # the model compiles in a warm-up at max_num_batched_tokens, and Dynamo specialises a
+            # dynamic size of 1: that one trace could serve 1 token and nothing else
+            raise ValueError(f"CompilationConfig.max_num_batched_tokens={n} under {self.mode.name}: the one "
+                             "trace is made at max_num_batched_tokens, and Dynamo specialises a size of 1, so "
+                             "nothing else could ever run compiled. Use at least 2 (or "
+                             "DynamicShapesType.UNBACKED, which never specialises).")
         if not isinstance(self.inductor_compile_config, dict):
             raise ValueError("CompilationConfig.inductor_compile_config must be a dict of "
                              f"torch._inductor.config names to values, got {type(self.inductor_compile_config)}")
@@ -150,8 +182,32 @@ class CompilationConfig:
                              + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
         self.traced_files = set(self.traced_files)
 
+    def _check_custom_ops(self) -> None:
+        """vLLM's rules: every entry 'all', 'none', '+op' or '-op'; one base mode at most; no op
+        both enabled and disabled."""
+        ops = self.custom_ops
+        if not isinstance(ops, list):
+            raise ValueError(f"CompilationConfig.custom_ops must be a list such as ['all'] or "
+                             f"['none', '+rms_norm'], got {ops!r}")
+        bad = [c for c in ops if not isinstance(c, str) or (c not in ("all", "none")
+                                                           and not (c[:1] in "+-" and c[1:] in CUSTOM_OPS))]
+        if bad:
+            raise ValueError(f"CompilationConfig.custom_ops {bad}: use 'all', 'none', "
+                             f"'+name' or '-name' with a name from {list(CUSTOM_OPS)}")
+        base = [c for c in ops if c in ("all", "none")]
+        if len(base) > 1:
+            raise ValueError(f"CompilationConfig.custom_ops={ops}: give one base mode at most, 'all' or "
+                             f"'none' (got {base})")
+        both = sorted({c[1:] for c in ops if c[0] == "+"} & {c[1:] for c in ops if c[0] == "-"})
+        if both:
+            raise ValueError(f"CompilationConfig.custom_ops={ops} both enables and disables {both}: keep "
+                             "either the '+' or the '-' entry")
+
     @staticmethod
     def _sizes(name: str, sizes, upto: int) -> list[int]:
+        if sizes is not None and not isinstance(sizes, (list, tuple, set)):
+            raise ValueError(f"CompilationConfig.{name} must be a list of ints, got {sizes!r} "
+                             f"(for one size, write [{sizes!r}])")
         sizes = list(sizes or [])
         bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= upto]
         if bad:
@@ -189,9 +245,12 @@ class CompilationConfig:
             if f.name in ("dynamic_shapes_config", "pass_config"):
                 value = asdict(value)
             elif f.name == "inductor_compile_config":
-                # guard_filter_fn changes no compiled code (and a function's repr carries its
-                # address, different in every process: the key would never match again)
-                value = self.inductor_config_and_guard_filter()[0]
+                # guard_filter_fn changes no compiled code, and a user's post-grad pass is keyed
+                # by its uuid in the cache key's "passes" factor (vLLM hashes that uuid here): a
+                # function's repr carries its address, new in every process, so the key would
+                # never match again
+                value = {k: v for k, v in self.inductor_config_and_guard_filter()[0].items()
+                         if k != "post_grad_custom_post_pass"}
             factors[f.name] = value
         return factors
 

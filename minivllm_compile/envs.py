@@ -50,7 +50,12 @@ def _device() -> str:
 
 
 def _cache_root() -> str:
-    return os.path.expanduser(os.environ.get("VLLM_CACHE_ROOT", str(Path("~/.cache/minivllm_compile"))))
+    raw = os.environ.get("VLLM_CACHE_ROOT")
+    if raw is not None and not raw.strip():
+        # vLLM would take "" as the current directory and fill it with cache folders
+        raise ValueError("VLLM_CACHE_ROOT is set but empty: give it a folder, or unset it for the default "
+                         "(~/.cache/minivllm_compile)")
+    return os.path.expanduser(raw or str(Path("~/.cache/minivllm_compile")))
 
 
 environment_variables: dict[str, Callable[[], Any]] = {

@@ -1,5 +1,7 @@
 """CompilationConfig, the environment switches and the counter: bad input fails early and clearly."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -34,6 +36,25 @@ def test_modes_are_vllms_int_enum():
     # an unknown Inductor option would otherwise surface at the first call, after the trace
     (dict(inductor_compile_config={"max_autotun": True}), r"\['max_autotun'\].*did you mean 'max_autotune'"),
     (dict(inductor_compile_config={"triton.cudagraph": False}), "did you mean 'triton.cudagraphs'"),
+    # accepted once, then failing late or reinterpreted
+    (dict(pass_config=None), "pass_config must be a PassConfig"),
+    (dict(pass_config=dict(enable_nop=False)), r"pass_config: .*enable_nop.*its fields are"),
+    (dict(pass_config=dict(enable_noop="no")), "PassConfig.enable_noop must be True or False, got 'no'"),
+    (dict(pass_config=dict(enable_fix_functionalization=0)), "enable_fix_functionalization must be True or False"),
+    (dict(dynamic_shapes_config="backed"), "dynamic_shapes_config must be a DynamicShapesConfig"),
+    (dict(cache_dir=123), "cache_dir must be a path"),
+    (dict(debug_dump_path=1.5), "debug_dump_path must be a path"),
+    (dict(mode=True), "mode=True is not one of"),
+    (dict(max_num_batched_tokens=True), "max_num_batched_tokens must be a positive int, got True"),
+    (dict(enable_layerwise_nvtx_tracing=1), "enable_layerwise_nvtx_tracing must be True or False"),
+    (dict(custom_ops=["all", "none"]), "one base mode at most"),
+    (dict(custom_ops=["none", "+rms_norm", "-rms_norm"]), r"both enables and disables \['rms_norm'\]"),
+    (dict(custom_ops="all"), "custom_ops must be a list"),
+    (dict(max_num_batched_tokens=1), "max_num_batched_tokens=1 under VLLM_COMPILE.*at least 2"),
+    (dict(mode=CompilationMode.DYNAMO_TRACE_ONCE, max_num_batched_tokens=1), "under DYNAMO_TRACE_ONCE"),
+    (dict(compile_sizes=4), r"compile_sizes must be a list of ints, got 4 \(for one size, write \[4\]\)"),
+    (dict(compile_ranges_endpoints=8), "compile_ranges_endpoints must be a list"),
+    (dict(splitting_ops="minivllm::short_conv"), "splitting_ops must be a list"),
 ])
 def test_bad_config_fails_at_construction_naming_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -124,3 +145,21 @@ def test_default_device_follows_minivllm_device(monkeypatch):
         monkeypatch.setenv("MINIVLLM_DEVICE", "cuda")
         with pytest.raises(RuntimeError, match="sees no GPU"):
             default_device()
+
+
+def test_the_values_those_refusals_spare_still_construct():
+    """Where the refusals above stop: what vLLM accepts is still accepted."""
+    assert CompilationConfig(mode=CompilationMode.NONE, max_num_batched_tokens=1).max_num_batched_tokens == 1
+    unbacked = DynamicShapesConfig(type=DynamicShapesType.UNBACKED)
+    assert CompilationConfig(max_num_batched_tokens=1, dynamic_shapes_config=unbacked)
+    assert CompilationConfig(pass_config={"enable_noop": False}).pass_config.enable_noop is False
+    assert CompilationConfig(cache_dir=Path("/tmp/x")).cache_dir == "/tmp/x"
+    assert CompilationConfig(compile_sizes=(8, 4)).compile_sizes == [4, 8]
+    assert CompilationConfig(custom_ops=["none", "+rms_norm", "-silu_and_mul"]).custom_op_enabled("rms_norm")
+
+
+def test_an_empty_cache_root_is_refused(monkeypatch):
+    """VLLM_CACHE_ROOT="" would put the cache in the current directory, unseen."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "")
+    with pytest.raises(ValueError, match="VLLM_CACHE_ROOT is set but empty"):
+        envs.VLLM_CACHE_ROOT
