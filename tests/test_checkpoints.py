@@ -71,3 +71,42 @@ def test_greedy_text_looks_like_python(name, llama, hybrid):
         assert len(PYTHONISH.findall(text)) >= 2, text
         printable = sum(c.isprintable() or c in "\n\t" for c in text) / max(len(text), 1)
         assert printable > 0.95, text
+
+
+def _edited_checkpoint(tmp_path, text: str) -> Path:
+    """A copy of tiny-llama whose config.json holds `text`."""
+    src = load_model.__globals__["CHECKPOINTS"] / "tiny-llama"
+    (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
+    (tmp_path / "config.json").write_text(text)
+    return tmp_path
+
+
+def _with(**changes) -> str:
+    cfg = json.loads((load_model.__globals__["CHECKPOINTS"] / "tiny-llama" / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            del cfg[k]
+        else:
+            cfg[k] = v
+    return json.dumps(cfg)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("", "not valid JSON"),
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    (_with(hidden_size=None), r"missing \['hidden_size'\]"),
+    (_with(num_attention_heads=0), "num_attention_heads must be a positive integer, got 0"),
+    (_with(hidden_size="192"), "hidden_size must be a positive integer, got '192'"),
+    (_with(rms_norm_eps=0), "rms_norm_eps must be a positive number, got 0"),
+    (_with(rms_norm_eps=-1e-5), "rms_norm_eps must be a positive number"),
+    (_with(rope_theta=0), "rope_theta must be a positive number, got 0"),
+    (_with(tie_word_embeddings="yes"), "tie_word_embeddings must be true or false"),
+])
+def test_a_bad_config_json_is_refused_naming_the_file_and_field(tmp_path, text, match):
+    """Each of these used to give a JSONDecodeError, KeyError or ZeroDivisionError with no path, or
+    loaded and produced NaN (eps or theta of 0)."""
+    path = _edited_checkpoint(tmp_path, text)
+    with pytest.raises(ValueError, match=match) as e:
+        load_model(path)
+    assert str(path / "config.json") in str(e.value)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 MODEL_TYPES = ("llama", "minivllm_hybrid")
@@ -31,9 +31,23 @@ class ModelConfig:
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type {self.model_type!r} is not supported; expected one of {MODEL_TYPES}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 0
+                                    or (value == 0 and f.name not in ("bos_token_id", "eos_token_id"))):
+                raise ValueError(f"{f.name} must be a positive integer, got {value!r}")
+            if f.type == "float":
+                # 0 or less gives NaN: eps divides by the norm of a zero row, theta ** x is 0 or inf
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                    raise ValueError(f"{f.name} must be a positive number, got {value!r}")
+                setattr(self, f.name, float(value))
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name} must be true or false, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE rotates pairs of features)")
         if self.model_type == "minivllm_hybrid":
             types = tuple(self.layer_types or ())
             if len(types) != self.num_hidden_layers or not set(types) <= {"conv", "full_attention"}:
@@ -42,19 +56,38 @@ class ModelConfig:
             self.layer_types = types
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        d = dict(d)
-        # newer transformers writes rope_theta inside rope_parameters
-        if "rope_theta" not in d and isinstance(d.get("rope_parameters"), dict):
-            d["rope_theta"] = d["rope_parameters"].get("rope_theta", 10000.0)
-        d.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
-        d.setdefault("num_key_value_heads", d["num_attention_heads"])
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def from_dict(cls, d: dict, source: str = "the model config") -> "ModelConfig":
+        """`source` names where `d` came from, for the errors (a config.json's path)."""
+        try:
+            if not isinstance(d, dict):
+                raise ValueError(f"expected a JSON object of settings, got {type(d).__name__}")
+            d = dict(d)
+            # newer transformers writes rope_theta inside rope_parameters
+            if "rope_theta" not in d and isinstance(d.get("rope_parameters"), dict):
+                d["rope_theta"] = d["rope_parameters"].get("rope_theta", 10000.0)
+            names = {f.name for f in fields(cls)}
+            required = [f.name for f in fields(cls) if f.default is MISSING and f.name != "head_dim"
+                        and f.name != "num_key_value_heads"]
+            missing = [n for n in required if n not in d]
+            if missing:
+                raise ValueError(f"missing {missing}")
+            for name in ("hidden_size", "num_attention_heads"):  # head_dim's default divides them
+                if not isinstance(d[name], int) or isinstance(d[name], bool) or d[name] <= 0:
+                    raise ValueError(f"{name} must be a positive integer, got {d[name]!r}")
+            d.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
+            d.setdefault("num_key_value_heads", d["num_attention_heads"])
+            return cls(**{k: v for k, v in d.items() if k in names})
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ModelConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e}); it should be a Hugging Face config.json") from None
+        return cls.from_dict(d, source=str(path))
 
     @property
     def is_hybrid(self) -> bool:
