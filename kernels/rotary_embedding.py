@@ -11,6 +11,8 @@ in bf16 the two differ by about an ulp.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from minivllm_compile.kernels._compat import require_triton, tl, triton
@@ -31,7 +33,8 @@ def compute_cos_sin_cache(
 def _rotate_ref(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool
 ) -> None:
-    heads = x.view(x.shape[0], -1, head_size)  # a view, so the write below lands in x
+    # a view, so the write below lands in x; heads counted from the shape, as -1 fails on 0 tokens
+    heads = x.view(x.shape[0], math.prod(x.shape[1:]) // head_size, head_size)
     rot = heads[..., : 2 * cos.shape[-1]].float()
     if is_neox:
         x1, x2 = rot.chunk(2, dim=-1)

@@ -84,15 +84,33 @@ def _(input, residual, weight, eps):
 
 # --- rotary embedding -----------------------------------------------------------------------
 
-def _check_rope(op: str, positions: Tensor, query: Tensor, head_size: int, cos_sin_cache: Tensor) -> None:
+def _check_rope(
+    op: str, positions: Tensor, query: Tensor, head_size: int, cos_sin_cache: Tensor,
+    key: Tensor | None = None,
+) -> None:
+    """Run before the path is chosen, so the reference and the Triton kernel refuse alike."""
     _check(op, positions.dtype in (torch.int32, torch.int64),
            lambda: f"`positions` must be an integer tensor, got {positions.dtype}")
     _check(op, positions.device == query.device,
            lambda: f"`positions` is on {positions.device} but `query` is on {query.device}")
     _check(op, positions.numel() == query.shape[0],
            lambda: f"`positions` has {positions.numel()} entries but `query` has {query.shape[0]} tokens")
+    # the reference would broadcast one query token's position over every key token
+    _check(op, key is None or (key.dim() > 0 and key.shape[0] == query.shape[0]),
+           lambda: f"`key` has {key.shape[0] if key.dim() else 0} tokens but `query` has "
+           f"{query.shape[0]} (and `positions` as many); key token i is rotated by positions[i], "
+           "so pass one key per token")
     _check(op, cos_sin_cache.shape[-1] <= head_size,
            lambda: f"`cos_sin_cache` rotates {cos_sin_cache.shape[-1]} dims, more than head_size={head_size}")
+    # A value check, so here and not in the fake (fake tensors have no values). Reading min/max
+    # syncs a GPU, a cost this teaching project accepts; not while capturing a CUDA graph (illegal).
+    if positions.numel() and not (positions.is_cuda and torch.cuda.is_current_stream_capturing()):
+        lo, hi = torch.stack(torch.aminmax(positions)).tolist()  # one sync, not two
+        rows = cos_sin_cache.shape[0]
+        _check(op, lo >= 0 and hi < rows,
+               lambda: f"`positions` span [{lo}, {hi}] but `cos_sin_cache` has {rows} rows "
+               f"(positions 0..{rows - 1}); build a larger cache (raise max_position_embeddings) "
+               f"or pass positions below {rows}")
 
 
 @torch.library.custom_op("minivllm::rotary_embedding", mutates_args=("query", "key"))
@@ -101,13 +119,14 @@ def rotary_embedding(
     cos_sin_cache: Tensor, is_neox: bool,
 ) -> None:
     _check_like("rotary_embedding", {"query": query, "key": key})
-    _check_rope("rotary_embedding", positions, query, head_size, cos_sin_cache)
+    _check_rope("rotary_embedding", positions, query, head_size, cos_sin_cache, key)
     fn = rope.rotary_embedding_triton if _use_triton(query) else rope.rotary_embedding_ref
     fn(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
 @rotary_embedding.register_fake
 def _(positions, query, key, head_size, cos_sin_cache, is_neox):
+    # no checks: fake tensors have no values, and the real op raises the same errors at run time
     return None
 
 
