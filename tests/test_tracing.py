@@ -294,3 +294,28 @@ def test_a_refused_buffer_mutation_stays_refused():
         with pytest.raises(RuntimeError, match="assigns a buffer"):
             model(torch.randn(4, 8))
     assert model._compiled_bytecode is None
+
+
+def test_later_calls_the_trace_does_not_fit_are_refused_naming_the_fix():
+    """The guards are dropped, so only this check stands between a strided or retyped input and
+    compiled code that reads it as the first call's (a non-contiguous tensor used to fail inside a
+    custom op's fake kernel; int32 ids aborted the process: tests/test_cache_keys.py)."""
+    m = Branchy(compilation_config=cfg())
+    x = torch.randn(6, 8)
+    eager = m.forward(x)
+    torch.testing.assert_close(m(x), eager)
+    with pytest.raises(ValueError, match=r"not contiguous .*pass x.contiguous\(\)"):
+        m(torch.randn(8, 6).t())
+    with pytest.raises(ValueError, match=r"sizes \['num_tokens', 8\], contiguous; this call passes torch.float32 on cpu, 2-D, sizes \[6, 9\]"):
+        m(torch.randn(6, 9))
+    with pytest.raises(ValueError, match=r"pass x.to\(torch.float32\)"):
+        m(x.double())
+    torch.testing.assert_close(m(x[:5]), m.forward(x[:5]))  # num_tokens is free
+
+
+def test_the_lm_hands_its_compiled_decoder_what_it_was_traced_for():
+    lm = build_model("llama", num_layers=1, compilation_config=cfg())
+    eager = build_model("llama", num_layers=1)
+    ids = torch.arange(20)[::2]  # strided, int64
+    torch.testing.assert_close(lm(ids, torch.arange(10)), eager(ids.contiguous(), torch.arange(10)))
+    torch.testing.assert_close(lm(ids.int(), torch.arange(10).int()), eager(ids.contiguous(), torch.arange(10)))
