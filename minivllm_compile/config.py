@@ -131,8 +131,12 @@ class CompilationConfig:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"CompilationConfig.max_num_batched_tokens must be a positive int, got {n!r}")
         self.compile_sizes = self._sizes("compile_sizes", self.compile_sizes, upto=n)
-        self.compile_ranges_endpoints = self._sizes("compile_ranges_endpoints",
-                                                    self.compile_ranges_endpoints, upto=n)
+        # vLLM (VllmConfig._set_compile_ranges) keeps the endpoints e with 1 < e < max_num_batched_tokens
+        # and drops the others without a word: 1 would make Range(1, 1), and an endpoint at or
+        # past the end adds nothing (max_num_batched_tokens always ends the last range)
+        self.compile_ranges_endpoints = [e for e in self._sizes("compile_ranges_endpoints",
+                                                                self.compile_ranges_endpoints, upto=None)
+                                         if 1 < e < n]
         if self.splitting_ops is None:
             self.splitting_ops = list(DEFAULT_SPLITTING_OPS)
         if not isinstance(self.splitting_ops, list):
@@ -204,15 +208,16 @@ class CompilationConfig:
                              "either the '+' or the '-' entry")
 
     @staticmethod
-    def _sizes(name: str, sizes, upto: int) -> list[int]:
+    def _sizes(name: str, sizes, upto: int | None) -> list[int]:
         if sizes is not None and not isinstance(sizes, (list, tuple, set)):
             raise ValueError(f"CompilationConfig.{name} must be a list of ints, got {sizes!r} "
                              f"(for one size, write [{sizes!r}])")
         sizes = list(sizes or [])
-        bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= upto]
+        bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or s < 1
+               or (upto is not None and s > upto)]
         if bad:
             raise ValueError(f"CompilationConfig.{name} {bad}: every entry must be an int in "
-                             f"[1, max_num_batched_tokens={upto}]")
+                             + (f"[1, max_num_batched_tokens={upto}]" if upto else "[1, ...)"))
         return sorted(set(sizes))
 
     def custom_op_enabled(self, name: str) -> bool:

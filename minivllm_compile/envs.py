@@ -41,6 +41,14 @@ def _aot_supported() -> bool:
                                                                          "enable_aot_compile")
 
 
+@functools.cache
+def _torch_at_least(major: int, minor: int) -> bool:
+    """torch's release is at least major.minor (a 2.12 nightly counts, as vLLM's "2.12.0.dev")."""
+    import torch
+
+    return tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (major, minor)
+
+
 def _device() -> str:
     raw = os.environ.get("MINIVLLM_DEVICE", "").strip().lower()
     if raw not in ("", "cpu", "cuda"):
@@ -61,10 +69,16 @@ def _cache_root() -> str:
 environment_variables: dict[str, Callable[[], Any]] = {
     # dispatch to Dynamo's transformed bytecode directly, skipping Dynamo after the first call
     "VLLM_USE_BYTECODE_HOOK": _bool("VLLM_USE_BYTECODE_HOOK", True),
-    # AOT-compile the whole forward, save it, and load it in later processes (torch 2.10+)
-    "VLLM_USE_AOT_COMPILE": lambda: _bool("VLLM_USE_AOT_COMPILE", _aot_supported())(),
+    # AOT-compile the whole forward, save it, and load it in later processes. Default as vLLM's
+    # use_aot_compile(): on where torch has it, unless VLLM_DISABLE_COMPILE_CACHE is set (then the
+    # model runs the JIT path: Dynamo's code, called through the bytecode hook)
+    "VLLM_USE_AOT_COMPILE": lambda: _bool("VLLM_USE_AOT_COMPILE", _aot_supported()
+                                          and not _bool("VLLM_DISABLE_COMPILE_CACHE", False)())(),
     "VLLM_FORCE_AOT_LOAD": _bool("VLLM_FORCE_AOT_LOAD", False),
-    "VLLM_USE_MEGA_AOT_ARTIFACT": _bool("VLLM_USE_MEGA_AOT_ARTIFACT", False),
+    # the pieces' compiled artifacts inside the AOT file itself, loaded without running the backend.
+    # Default as vLLM's use_mega_aot_artifact(): on for torch >= 2.12 when AOT compile is on
+    "VLLM_USE_MEGA_AOT_ARTIFACT": lambda: _bool("VLLM_USE_MEGA_AOT_ARTIFACT", _torch_at_least(2, 12)
+                                                and environment_variables["VLLM_USE_AOT_COMPILE"]())(),
     "VLLM_DISABLE_COMPILE_CACHE": _bool("VLLM_DISABLE_COMPILE_CACHE", False),
     # pieces through torch._inductor.standalone_compile (1) or compile_fx (0), as in vLLM
     "VLLM_USE_STANDALONE_COMPILE": _bool("VLLM_USE_STANDALONE_COMPILE", True),

@@ -163,3 +163,25 @@ def test_an_empty_cache_root_is_refused(monkeypatch):
     monkeypatch.setenv("VLLM_CACHE_ROOT", "")
     with pytest.raises(ValueError, match="VLLM_CACHE_ROOT is set but empty"):
         envs.VLLM_CACHE_ROOT
+
+
+def test_compile_range_endpoints_vllm_would_drop_are_dropped():
+    """vLLM keeps only the endpoints e with 1 < e < max_num_batched_tokens (VllmConfig.
+    _set_compile_ranges): 1 does not make Range(1, 1), one at or past the end adds nothing."""
+    cc = CompilationConfig(compile_ranges_endpoints=[1, 8, 64, 500], max_num_batched_tokens=64)
+    assert cc.compile_ranges_endpoints == [8]
+    assert cc.get_compile_ranges() == [Range(1, 8), Range(9, 64)]
+    with pytest.raises(ValueError, match=r"compile_ranges_endpoints \[0\]"):
+        CompilationConfig(compile_ranges_endpoints=[0])  # vLLM asserts x > 0
+
+
+def test_aot_compile_is_off_when_the_cache_is(monkeypatch):
+    """vLLM's use_aot_compile(): on by default (torch >= 2.10) unless VLLM_DISABLE_COMPILE_CACHE is
+    set, so a cache-less run takes the JIT path through the bytecode hook."""
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE", raising=False)
+    assert envs.VLLM_USE_AOT_COMPILE is True
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    assert envs.VLLM_USE_AOT_COMPILE is False
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")  # an explicit setting wins, as in vLLM
+    assert envs.VLLM_USE_AOT_COMPILE is True
