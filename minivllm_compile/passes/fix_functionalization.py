@@ -8,6 +8,11 @@ a mutated *view* (RoPE on q and k, which are slices of the qkv matmul) it cannot
 the ops it knows back into direct in-place calls, `op(buf, x, ...)`, and points every `res[i]` at
 the argument `i` stands for. It runs last: the graph is no longer functional after it, and an
 in-place call has no users, so a dead-code pass that counts users would delete it.
+
+A piece that mutates a graph input (the residual, under VLLM_COMPILE) ends with AOTAutograd's
+write-back `copy_(arg, res[i])`. Once the op writes `arg` itself that is `copy_(arg, arg)`, which
+the pass erases. The one reason it leaves a listed op functional is a real reader of the old
+value after it (`_read_later`); vLLM's pass has no such check.
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ class FixFunctionalizationPass(VllmInductorPass):
                 continue
             op = node.args[0]
             if name := self._read_later(node, order):
-                # an earlier pass (CSE, a fusion) left a reader of the old value: writing in
-                # place would change what it reads. Inductor's clone keeps it right.
+                # an earlier pass left a reader of the old value after the op (Inductor's
+                # reorder_for_locality, a CSE): writing in place would change what it reads.
+                # Inductor's clone keeps it right.
                 logger.info("FixFunctionalizationPass: %s is read after %s; left functional",
                                node.kwargs[name], node.name)
                 self.skipped_read_later[op.name()] += 1
@@ -72,6 +78,7 @@ class FixFunctionalizationPass(VllmInductorPass):
                 "auto_functionalized_v2 to Inductor. Compile with "
                 "torch._inductor.config.enable_auto_functionalized_v2=False (as vLLM does).",
                 dict(self.skipped_v2))
+        self.erase_self_copies(graph)
         self.dump_graph(graph, "before_cleanup")
         doomed = set(self.nodes_to_remove)
         for node in reversed([n for n in graph.nodes if n in doomed]):  # users before producers
@@ -81,12 +88,30 @@ class FixFunctionalizationPass(VllmInductorPass):
         self.nodes_to_remove = []
 
     def _read_later(self, node: fx.Node, order: dict[fx.Node, int]) -> str | None:
-        """The first mutated argument some later node reads directly (views are not followed)."""
+        """The first mutated argument some later node reads directly (views are not followed).
+        In a functional graph everything after the op reads its `res[i]`; a later user of the
+        argument itself reads the old value, except a `copy_` *into* it: that overwrites it
+        whole (AOTAutograd's write-back of a mutated graph input)."""
         for name in self.MUTATED_ARGS[node.args[0]].values():
             arg = node.kwargs[name]
-            if isinstance(arg, fx.Node) and any(order.get(u, -1) > order[node] for u in arg.users):
+            if not isinstance(arg, fx.Node):
+                continue
+            later = [u for u in arg.users if order.get(u, -1) > order[node]]
+            if any(not self._copies_into(u, arg) for u in later):
                 return name
         return None
+
+    @staticmethod
+    def _copies_into(node: fx.Node, dst: fx.Node) -> bool:
+        return is_func(node, torch.ops.aten.copy_.default) and node.args[0] is dst
+
+    def erase_self_copies(self, graph: fx.Graph) -> None:
+        """The write-back `copy_(arg, res[i])` of an op now writing `arg` in place reads
+        `copy_(arg, arg)`: a no-op (eager returns early, Inductor's copy_ lowering too), so it
+        goes. Its work is done by the in-place call, which Inductor sees mutate the input."""
+        for node in graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default):
+            if node.args[0] is node.args[1] and not node.users:
+                self.nodes_to_remove.append(node)
 
     def defunctionalize(self, graph: fx.Graph, node: fx.Node, mutated_args: dict[int, str]) -> None:
         self.replace_users_with_mutated_args(node, mutated_args)
