@@ -1,9 +1,13 @@
 """The AOT branch of the first call (vLLM's decorators.py; seed §10, §11): load the whole compiled
 forward from the cache if it is there and still valid, else compile it ahead of time and save it.
 
-VLLM_USE_AOT_COMPILE (default on where torch has aot_compile) applies to VLLM_COMPILE with Inductor
-through standalone_compile: its backend returns a serializable function pointing at each piece's
-saved artifact. VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable artifact into an error;
+VLLM_USE_AOT_COMPILE (default on where torch has aot_compile and the cache is on, as in vLLM)
+applies to VLLM_COMPILE with Inductor through standalone_compile: its backend returns a serializable
+function (caching.VllmSerializableFunction). With VLLM_USE_MEGA_AOT_ARTIFACT (default on for
+torch >= 2.12, as in vLLM) the saved file holds the pieces' artifacts and a load rebuilds them
+without the backend; without it the file holds the Dynamo graph, and a load runs the backend on it
+again, each piece found in the CompilerManager's index instead of compiled (finalize_loading).
+VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable artifact into an error;
 VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
 """
 
@@ -19,31 +23,14 @@ from pathlib import Path
 import torch
 
 from minivllm_compile import caching, envs
+from minivllm_compile.backends import VllmBackend
 from minivllm_compile.cache_files import file_mode
-from minivllm_compile.config import CompilationConfig, CompilationMode
 from minivllm_compile.counter import compilation_counter
 
 logger = logging.getLogger("minivllm_compile")
 
-
-def use_aot_compile(cc: CompilationConfig) -> bool:
-    if not (envs.VLLM_USE_AOT_COMPILE and cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"):
-        return False
-    if not envs.VLLM_USE_STANDALONE_COMPILE:
-        # The compile_fx adaptor saves no artifact of its own, so a saved forward would point at
-        # nothing. (vLLM's load instead re-runs its backend and finds compile_fx's graphs by hash
-        # in the FX graph cache.) Here such a model traces and compiles each start, and Inductor
-        # finds its graphs in its cache under the compile cache directory.
-        _warn_aot_needs_standalone()
-        return False
-    return True
-
-
-@functools.cache  # once per process
-def _warn_aot_needs_standalone() -> None:
-    logger.warning("VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0: the AOT artifact "
-                   "needs standalone_compile's artifacts. Each start traces again, and Inductor finds "
-                   "what it compiled in its FX graph cache under the compile cache directory.")
+# whether a config compiles ahead of time: decided below the backend (its CompilerManager asks too)
+use_aot_compile = caching.use_aot_compile
 
 
 def aot_path(model: torch.nn.Module) -> Path:
@@ -74,16 +61,20 @@ def try_load(model) -> bool:
             raise RuntimeError(f"traced source changed since it was saved: {', '.join(changed[:3])}")
         if not model.compilation_config.dynamic_shapes_config.evaluate_guards:
             fn.disable_guard_check()
+        for src in source_info.inlined_sources:
+            module = sys.modules.get(src.module)
+            if module is not None and getattr(module, "__file__", None):
+                model.compilation_config.traced_files.add(module.__file__)
+        # without the mega artifact the backend runs again now, on the saved Dynamo graph (the
+        # traced files just added key its cache dir), and loads each piece from its index
+        fn._artifacts.compiled_fn.finalize_loading(model.compilation_config, model.model_factors,
+                                                   functools.partial(VllmBackend, from_saved_graph=True))
     except Exception as e:  # corrupt, truncated, stale, or from another torch: compile again
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         if force:
             raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 and the AOT artifact at {path} cannot be used: {reason}") from e
         logger.warning("AOT artifact %s is unusable (%s); compiling afresh", path, reason)
         return False
-    for src in source_info.inlined_sources:
-        module = sys.modules.get(src.module)
-        if module is not None and getattr(module, "__file__", None):
-            model.compilation_config.traced_files.add(module.__file__)
     model.aot_compiled_fn = fn
     model.compiled = True
     compilation_counter.num_aot_artifacts_loaded += 1

@@ -7,12 +7,15 @@ graph: at run time it calls the compiled pieces and, between them, the splitting
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import operator
+import pprint
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,7 +26,7 @@ from torch.fx.passes.split_module import split_module
 
 from minivllm_compile import caching, envs
 from minivllm_compile.compiler_interface import CompiledEntry, make_compiler, returns_single_value, timed_compile
-from minivllm_compile.config import CompilationConfig, Range
+from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import dynamo_transform_time
 from minivllm_compile.partition_rules import should_split, warn_unknown_splitting_ops
@@ -144,51 +147,135 @@ def graph_key(gm: fx.GraphModule) -> str:
 
 
 class CompilerManager:
-    """Compiles pieces, counts it, and reuses an identical piece's artifact within the process."""
+    """Compiles pieces, counts it, keeps the index of what it saved, and loads from it (vLLM's).
+
+    The index, `vllm_compile_cache.py` in the prefix's cache folder, is a pprint'ed dict
+    `((start, end), graph_index, compiler_name) -> {"graph_handle": (key, path), "cache_key": ...}`,
+    read back with ast.literal_eval. It is kept only with AOT compile on (as in vLLM 0.33): the
+    non-mega AOT load re-runs the backend, and each piece and entry is then found in it and loaded
+    instead of compiled. With the mega artifact the adaptor gives no handles (the bytes are in the
+    AOT file), so the index stays empty; with AOT off nothing is loaded from it at all."""
+
+    INDEX_NAME = "vllm_compile_cache.py"
 
     def __init__(self, compilation_config: CompilationConfig, inductor_config: dict):
+
         self.compilation_config = compilation_config
-        self.compiler = make_compiler(compilation_config.backend)
+        self.use_aot_compile = caching.use_aot_compile(compilation_config)  # vLLM: passed in by the decorator
+        self.compiler = make_compiler(compilation_config, use_aot_compile=self.use_aot_compile)
         self.inductor_config = inductor_config
         self.entries: list[CompiledEntry] = []
         self._by_key: dict[tuple[str, Range], CompiledEntry] = {}
+        self.cache: dict[tuple[Range, int, str], dict] = {}
+        self.is_cache_updated = False
         self.cache_dir: Path | None = None  # set by the backend; None: nothing saved
+        self.disable_cache = True
+
+    @property
+    def cache_file_path(self) -> Path | None:
+        return self.cache_dir / self.INDEX_NAME if self.cache_dir is not None else None
 
     def initialize_cache(self, cache_dir: Path | None, prefix: str) -> None:
         self.cache_dir = cache_dir
-        self.compiler.initialize_cache(str(cache_dir or ""), disable_cache=cache_dir is None, prefix=prefix)
+        self.disable_cache = cache_dir is None
+        if self.use_aot_compile and not self.disable_cache and self.cache_file_path.exists():
+            self.cache = self._read_index(self.cache_file_path)
+        self.compiler.initialize_cache(str(cache_dir or ""), disable_cache=self.disable_cache, prefix=prefix)
 
-    def _save(self, entry: CompiledEntry) -> None:
-        if self.cache_dir is None or not hasattr(entry.runnable, "save"):
+    @staticmethod
+    def _read_index(path: Path) -> dict[tuple[Range, int, str], dict]:
+        """The index as saved; an unreadable one (truncated, edited, from an older layout) is reported
+        once and starts empty: every piece compiles again and the index is rewritten."""
+
+        try:
+            cache = {}
+            for (r, graph_index, compiler_name), value in ast.literal_eval(path.read_text()).items():
+                if not (isinstance(graph_index, int) and isinstance(compiler_name, str)
+                        and isinstance(value, dict) and "graph_handle" in value):
+                    raise TypeError(f"unexpected entry {r, graph_index, compiler_name}: {value!r}")
+                cache[(Range(*r), graph_index, compiler_name)] = value
+            return cache
+        except Exception as e:  # SyntaxError, ValueError, TypeError, OSError, ...
+            logger.warning("compile cache index %s is unusable (%s); compiling its pieces afresh", path,
+                           str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__)
+            return {}
+
+    def save_to_file(self) -> None:
+        """Written at every update (vLLM writes it once, after the last piece): the index on disk
+        always names only artifacts already saved, so a process killed part-way leaves a usable one."""
+        if not self.use_aot_compile or self.disable_cache or not self.is_cache_updated:
             return
-        path = self.cache_dir / f"artifact_compile_range_{caching.range_key(entry.compile_range)}_subgraph_{entry.graph_index}"
+        # a Range is written as its (start, end): literal_eval reads tuples, not dataclasses
+        data = {((r.start, r.end), i, name): v for (r, i, name), v in self.cache.items()}
         try:
             with caching.locked(self.cache_dir):
-                caching.save_artifact(entry.runnable, path, self.compilation_config.compile_cache_save_format)
-        except OSError as e:  # read-only or full disk: keep going in memory
-            logger.warning("cannot save compiled artifacts to %s (%s); continuing in memory", self.cache_dir, e)
-            self.cache_dir = None
+                caching.atomic_write(self.cache_file_path, pprint.pformat(data, indent=4) + "\n")
+        except OSError as e:
+            logger.warning("cannot write the compile cache index %s (%s); continuing in memory",
+                           self.cache_file_path, e)
+            self.disable_cache = True
             return
-        entry.artifact_path = str(path)
-        compilation_counter.num_compiled_artifacts_saved += 1
-        compilation_counter.num_cache_entries_updated += 1
+        self.is_cache_updated = False
+
+    def load(self, graph: fx.GraphModule, example_inputs: list, graph_index: int,
+             compile_range: Range) -> CompiledEntry | None:
+        """The piece's artifact for this entry, if the index has it; None: compile it."""
+        if not self.use_aot_compile or self.disable_cache:
+            return None
+        value = self.cache.get((compile_range, graph_index, self.compiler.name))
+        if value is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            key, path = value["graph_handle"]
+            runnable = self.compiler.load((key, path), graph, example_inputs, graph_index, compile_range)
+        except Exception as e:  # a corrupt or missing artifact: compile it again, and overwrite it
+            if envs.VLLM_FORCE_AOT_LOAD:
+                raise
+            logger.warning("compiled artifact %s of graph %d for %s is unusable (%s); compiling it afresh",
+                           value.get("graph_handle"), graph_index, compile_range,
+                           str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__)
+            return None
+        logger.debug("loaded graph %d for %s from %s", graph_index, compile_range, path)
+        return CompiledEntry(runnable, compile_range, graph_index, time.perf_counter() - t0,
+                             artifact_path=str(caching.resolve_path(path)), handle=(key, path), loaded=True)
 
     def compile(self, graph: fx.GraphModule, example_inputs: list, compile_range: Range,
                 graph_index: int) -> CompiledEntry:
         compilation_counter.num_backend_compilations += 1
         key = (graph_key(graph), compile_range)
+        entry = self.load(graph, example_inputs, graph_index, compile_range)
+        if entry is not None:
+            self._by_key.setdefault(key, entry)
+            self.entries.append(entry)
+            return entry
         hit = self._by_key.get(key)
         if hit is not None:
             logger.debug("graph %d has the same key as graph %d for %s: reusing it",
                          graph_index, hit.graph_index, compile_range)
-            entry = dataclasses.replace(hit, graph_index=graph_index, reused_from=hit.graph_index, seconds=0.0)
+            # no handle for it: as in vLLM, a later load finds it again the same way
+            entry = dataclasses.replace(hit, graph_index=graph_index, reused_from=hit.graph_index, seconds=0.0,
+                                        handle=None, loaded=False)
+            # vLLM calls its adaptor here too, which counts the call before AOTAutograd's cache
+            # key finds the earlier artifact: the counters match vLLM's
+            if self.compiler.name == "eager":
+                compilation_counter.num_eager_compiles += 1
+            else:
+                compilation_counter.num_inductor_compiles += 1
         else:
+            compilation_counter.num_unique_compiles += 1
             manager = self.inductor_config.get("post_grad_custom_post_pass")
             if hasattr(manager, "set_compile_range"):
                 manager.set_compile_range(compile_range)
+            artifact_key = f"artifact_compile_range_{caching.range_key(compile_range)}_subgraph_{graph_index}"
             entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
-                                  compile_range, graph_index)
-            self._save(entry)
+                                  compile_range, graph_index, key=artifact_key)
+            if self.use_aot_compile and not self.disable_cache and entry.handle is not None:
+                self.cache[(compile_range, graph_index, self.compiler.name)] = {
+                    "graph_handle": entry.handle, "cache_key": key[0]}
+                compilation_counter.num_cache_entries_updated += 1
+                self.is_cache_updated = True
+                self.save_to_file()
             self._by_key[key] = entry
         self.entries.append(entry)
         return entry
@@ -246,9 +333,11 @@ def set_model_tag(tag: str) -> Iterator[None]:
 
 
 class VllmBackend:
-    def __init__(self, compilation_config: CompilationConfig, prefix: str = ""):
+    def __init__(self, compilation_config: CompilationConfig, prefix: str = "", from_saved_graph: bool = False):
         self.compilation_config = compilation_config
         self.prefix = prefix or model_tag
+        # run by a non-mega AOT load on the saved Dynamo graph, not by Dynamo
+        self.from_saved_graph = from_saved_graph
         # what tells this model from others in the cache key (caching.model_factors); the
         # decorator sets it at the first call, None when the backend is used on its own
         self.model_factors: dict | None = None
@@ -285,6 +374,9 @@ class VllmBackend:
         try:
             caching.atomic_write(local / "cache_key_factors.json", json.dumps(self.cache_key_factors, indent=1))
         except OSError as e:
+            if (local / "cache_key_factors.json").is_file():  # a read-only (shared) cache: load from it
+                logger.warning("cannot write to the compile cache %s (%s); reading from it only", local, e)
+                return local
             logger.warning("cannot write to the compile cache %s (%s); compiling in memory only", local, e)
             return None
         return local
@@ -293,8 +385,9 @@ class VllmBackend:
         if self.graphs:
             raise RuntimeError("VllmBackend is called once per model: Dynamo traced it a second time "
                                "(a guard was kept and failed?)")
-        self.dynamo_time_s = dynamo_transform_time()
-        compilation_counter.num_graphs_seen += 1
+        self.dynamo_time_s = None if self.from_saved_graph else dynamo_transform_time()
+        compilation_counter.num_graphs_seen += 1  # vLLM counts the load's re-run too
+        compilation_counter.num_dynamo_traces += 0 if self.from_saved_graph else 1
         self.graphs.append(gm)
         self.cache_dir = self._pick_cache_dir(example_inputs)
         self.compiler_manager.initialize_cache(self.cache_dir, self.prefix)
@@ -306,6 +399,7 @@ class VllmBackend:
         names = [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph]
         PiecewiseCompileInterpreter(self.split_gm, names, self).run(*example_inputs)
         self._write_computation_graph()
+        self._widen_backed_ranges_for_evaluate_guards()
         pieces = [{"submod": pb.submod_name, "index": pb.piecewise_compile_index,
                    "sym_shape_indices": pb.sym_shape_indices,
                    # a loaded Inductor artifact returns a list even for a piece returning one value
@@ -314,6 +408,22 @@ class VllmBackend:
                   for pb in self.piecewise_backends]
         return caching.VllmSerializableFunction(self.split_gm, cc, pieces, self.cache_dir,
                                                 cc.compile_cache_save_format)
+
+    def _widen_backed_ranges_for_evaluate_guards(self) -> None:
+        """As vLLM's VllmBackend.__call__: with evaluate_guards and BACKED shapes, a backed size
+        Dynamo assumed >= 2 (it specialises 0 and 1) gets the lower bound 0, so the guards Dynamo
+        builds after this backend returns do not refuse 1 token: the compiled pieces serve every
+        size in their ranges, and evaluate_guards is left to catch real specialisations."""
+        ds = self.compilation_config.dynamic_shapes_config
+        if not (ds.evaluate_guards and ds.type == DynamicShapesType.BACKED):
+            return
+        from torch._guards import detect_fake_mode
+        from torch.utils._sympy.value_ranges import ValueRanges
+
+        shape_env = detect_fake_mode().shape_env
+        for s, r in shape_env.var_to_range.items():
+            if r.lower == 2:
+                shape_env.var_to_range[s] = ValueRanges(0, r.upper)
 
     def _write_computation_graph(self) -> None:
         if self.cache_dir is None:

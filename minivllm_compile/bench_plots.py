@@ -67,11 +67,11 @@ def plot_all(res: dict, out: Path) -> dict[str, str]:
         _bars(a1, [str(p["layers"]) for p in c["by_layers"]], [p["wall_s"] for p in c["by_layers"]], "cold compile s")
         a1.set_xlabel("layers")
         for p, x in zip(c["by_layers"], range(len(c["by_layers"]))):
-            a1.annotate(f"{p['num_inductor_compiles']} ind.", (x, p["wall_s"]["median"]), ha="center", fontsize=7)
+            a1.annotate(f"{p['num_unique_compiles']} ind.", (x, p["wall_s"]["median"]), ha="center", fontsize=7)
         pts = c["by_sizes_2_layers"]
         _bars(a2, [f"s{p['sizes']} e{p['endpoints']}" for p in pts], [p["wall_s"] for p in pts], "cold compile s")
         for x, p in enumerate(pts):
-            a2.annotate(f"{p['num_inductor_compiles']} ind.", (x, p["wall_s"]["median"]), ha="center", fontsize=7)
+            a2.annotate(f"{p['num_unique_compiles']} ind.", (x, p["wall_s"]["median"]), ha="center", fontsize=7)
         save(fig, "compile_scaling")
     if "modes" in res.get("generate", {}):
         g = res["generate"]["modes"]

@@ -2,14 +2,19 @@
 
 Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
 
-    torch_aot_compile/<aot hash>/rank_0_0/model     the whole compiled forward (torch's AOT format)
+    torch_aot_compile/<aot hash>/rank_0_0/model     the whole compiled forward (torch's AOT format);
+                                                    with VLLM_USE_MEGA_AOT_ARTIFACT (the default) the
+                                                    pieces' artifacts are inside it
     <backend hash>/rank_0_0/<tag>/                  what VllmBackend wrote for that model:
         cache_key_factors.json                      every factor of <backend hash>
         computation_graph.py                        the split graph, readable
-        artifact_compile_range_<r>_subgraph_<i>     one Inductor artifact per piece and entry
+        artifact_compile_range_<s>_<e>_subgraph_<i> one Inductor artifact per piece and entry, and
+        vllm_compile_cache.py                       the CompilerManager's index of them: both only
+                                                    with AOT on and VLLM_USE_MEGA_AOT_ARTIFACT=0
     <backend hash>/rank_0_0/inductor_cache/, triton_cache/
-                                                    Inductor's and Triton's own caches, moved here
-                                                    by the compile_fx adaptor (VLLM_USE_STANDALONE_COMPILE=0)
+                                                    Inductor's and Triton's own caches, moved here by
+                                                    the compile_fx adaptor (VLLM_USE_STANDALONE_COMPILE=0)
+                                                    and by the standalone one with VLLM_USE_AOT_COMPILE=0
 
 A key must cover everything that changes the compiled code, or the cache serves kernels built for
 something else. Its factors, and what each covers:
@@ -39,14 +44,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
-import io
 import json
 import logging
-import os
 import pickle
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +60,9 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 from minivllm_compile import cpu_isa, envs
 from minivllm_compile.cache_files import (  # noqa: F401  (atomic_write, locked: used through caching.*)
     atomic_write, cache_root, compiler_source_hash, file_hash, locked, portable_path, resolve_path, sha)
-from minivllm_compile.compiler_interface import first_output
-from minivllm_compile.config import CompilationConfig, Range
+# save_artifact, load_artifact: the adaptor's (compiler_interface.py), kept importable from here
+from minivllm_compile.compiler_interface import first_output, load_artifact, save_artifact  # noqa: F401
+from minivllm_compile.config import CompilationConfig, CompilationMode, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.piecewise_backend import PiecewiseBackend
 
@@ -175,32 +179,40 @@ def backend_cache_key(cc: CompilationConfig, device: str,
     return sha(json.dumps(factors, sort_keys=True)), factors
 
 
-# --- artifacts ----------------------------------------------------------------------------------
+def use_aot_compile(cc: CompilationConfig) -> bool:
+    """VLLM_USE_AOT_COMPILE applies to VLLM_COMPILE with Inductor through standalone_compile."""
+    if not (envs.VLLM_USE_AOT_COMPILE and cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"):
+        return False
+    if not envs.VLLM_USE_STANDALONE_COMPILE:
+        # The compile_fx adaptor saves no artifact of its own, so a saved forward would point at
+        # nothing. Here such a model traces and compiles each start, and Inductor finds its graphs
+        # in its cache under the compile cache directory.
+        _warn_aot_needs_standalone()
+        return False
+    return True
 
-def save_artifact(artifact: Any, path: Path, fmt: str) -> None:
-    """CompiledArtifact.save into a temporary name, then renamed: never a half-written artifact."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    artifact.save(path=str(tmp), format=fmt)
-    if path.is_dir():
-        import shutil
 
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-
-
-def load_artifact(path: Path, fmt: str) -> Any:
-    from torch._inductor import CompiledArtifact
-
-    return CompiledArtifact.load(path=str(path), format=fmt)
+@functools.cache  # once per process
+def _warn_aot_needs_standalone() -> None:
+    logger.warning("VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0: the AOT artifact "
+                   "needs standalone_compile's artifacts. Each start traces again, and Inductor finds "
+                   "what it compiled in its FX graph cache under the compile cache directory.")
 
 
 # --- the backend's serializable result ----------------------------------------------------------
 
 class VllmSerializableFunction(SerializableCallable):
     """What VllmBackend returns: it runs the stitching graph, and it can be saved with the AOT
-    artifact. Saved: the stitching graph (pieces and splitting ops as FX code) and, per compiled
-    piece and entry, its Inductor artifact: a path into the backend's cache dir, or (with
-    VLLM_USE_MEGA_AOT_ARTIFACT) the artifact's bytes, so that one file holds everything."""
+    artifact. What is saved depends on VLLM_USE_MEGA_AOT_ARTIFACT, as in vLLM:
+
+    mega      the stitching graph (pieces and splitting ops as FX code) and, per compiled piece and
+              entry, its artifact's bytes: the AOT file holds everything, and a load rebuilds the
+              pieces from it without running the backend (vLLM's
+              reconstruct_serializable_fn_from_mega_artifact)
+    not mega  the Dynamo graph, as traced: a load runs VllmBackend on it again (split, interpret,
+              every piece and entry through CompilerManager.compile), and the CompilerManager finds
+              each artifact in its index instead of compiling (finalize_loading)
+    """
 
     def __init__(self, split_gm: fx.GraphModule, compilation_config: CompilationConfig,
                  pieces: list[dict], cache_dir: str | None, save_format: str):
@@ -209,41 +221,35 @@ class VllmSerializableFunction(SerializableCallable):
         self.pieces = pieces  # [{"submod": name, "index": i, "sym_shape_indices": [...], "entries": {...}}]
         self.cache_dir = cache_dir
         self.save_format = save_format
+        # the backend that built it (the pieces know it), as vLLM's holds vllm_backend: the
+        # non-mega save needs its Dynamo graph. None for a loaded one.
+        self.vllm_backend = next((m.vllm_backend for m in vars(split_gm).values()
+                                  if isinstance(m, PiecewiseBackend) and m.vllm_backend is not None), None)
+        self._pending: tuple | None = None  # a non-mega load, until finalize_loading
         if compilation_config.enable_layerwise_nvtx_tracing:  # seed §12: not saved, so added here
             from minivllm_compile.nvtx import add_stitching_ranges
 
             add_stitching_ranges(split_gm)
 
     def __call__(self, *args: Any) -> Any:
+        if self._pending is not None:
+            raise RuntimeError("a VllmSerializableFunction loaded without the mega artifact runs its backend "
+                               "first: call finalize_loading (aot.try_load does)")
         return self.split_gm(*args)
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: "VllmSerializableFunction") -> bytes:
-        from torch.fx._graph_pickler import GraphPickler, Options
-
-        gm = fn.split_gm
-        # what stands in for a submodule at run time (a piece's PiecewiseBackend, a profiler
-        # range) is not saved: the modules are, and the pieces' artifacts
-        saved = {name: gm.__dict__.pop(name) for name in list(gm._modules) if name in gm.__dict__}
-        try:
-            for m in [gm, *gm.children()]:
-                if isinstance(m, fx.GraphModule):
-                    for node in m.graph.nodes:
-                        for key in ("example_value", "val", "nn_module_stack", "source_fn_stack", "stack_trace"):
-                            node.meta.pop(key, None)
-            graph_bytes = GraphPickler.dumps(gm, Options(ops_filter=None))
-        finally:
-            gm.__dict__.update(saved)
-        pieces = []
         mega = envs.VLLM_USE_MEGA_AOT_ARTIFACT
-        for p in fn.pieces:
-            entries = {}
-            for r, path in p["entries"].items():
-                # a path relative to the cache root: a moved cache still finds its pieces
-                entries[r] = {"bytes": _read_artifact_bytes(Path(path))} if mega else {"path": portable_path(path)}
-            pieces.append({**p, "entries": entries})
-        state = {"graph": graph_bytes, "config": pickle.dumps(fn.compilation_config), "pieces": pieces,
-                 "save_format": fn.save_format, "mega": mega}
+        state = {"mega": mega, "save_format": fn.save_format,
+                 "prefix": getattr(fn.vllm_backend, "prefix", DEFAULT_MODEL_TAG)}
+        if mega:
+            state.update(graph=_pickle_graph(fn.split_gm, keep_inputs=False),
+                         config=pickle.dumps(fn.compilation_config), pieces=_piece_bytes(fn))
+        else:
+            if fn.vllm_backend is None or not fn.vllm_backend.graphs:
+                raise RuntimeError("without VLLM_USE_MEGA_AOT_ARTIFACT the Dynamo graph is saved, and this "
+                                   "function does not know it (was it loaded?)")
+            state.update(graph=_pickle_graph(fn.vllm_backend.graphs[0], keep_inputs=True))
         return pickle.dumps(state)
 
     @classmethod
@@ -253,53 +259,113 @@ class VllmSerializableFunction(SerializableCallable):
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         state = pickle.loads(data)
-        gm = GraphPickler.loads(state["graph"], FakeTensorMode(shape_env=ShapeEnv()))
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        gm = GraphPickler.loads(state["graph"], fake_mode)
         gm.recompile()
+        if not state["mega"]:
+            # the traced files are not known yet (aot.try_load adds them after this, and the
+            # backend's cache dir is keyed on them): the backend runs in finalize_loading
+            fn = cls.__new__(cls)
+            fn.split_gm, fn.compilation_config, fn.pieces, fn.cache_dir = None, None, [], None
+            fn.save_format, fn.vllm_backend = state["save_format"], None
+            fn._pending = (gm, state["prefix"], fake_mode)
+            return fn
         for child in gm.children():
             if isinstance(child, fx.GraphModule):
                 child.recompile()
         cc = pickle.loads(state["config"])
         with cpu_isa.remembered_probe():  # else Inductor's ISA probe is most of the load's time
-            cls._load_pieces(gm, cc, state)
+            _load_pieces(gm, cc, state["pieces"])
         return cls(gm, cc, state["pieces"], None, state["save_format"])
 
-    @staticmethod
-    def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, state: dict) -> None:
-        for p in state["pieces"]:
-            runnables = {}
-            for r, ref in p["entries"].items():
-                runnables[r] = (_load_artifact_bytes(ref["bytes"], state["save_format"]) if "bytes" in ref
-                                else load_artifact(resolve_path(ref["path"]), state["save_format"]))
-                compilation_counter.num_compiled_artifacts_loaded += 1
-                if p.get("single_output"):
-                    runnables[r] = first_output(runnables[r])
-            gm.__dict__[p["submod"]] = PiecewiseBackend.from_runnables(
-                cc, p["index"], p["sym_shape_indices"], runnables)
+    def finalize_loading(self, compilation_config: CompilationConfig, model_factors: dict | None,
+                         make_backend: Any) -> None:
+        """As vLLM's: run the backend on the loaded Dynamo graph, now that the traced files are in
+        `compilation_config` (the cache dir is keyed on them). Each piece's entries are loaded from
+        the CompilerManager's index; one that is missing or unusable is compiled. Nothing to do for
+        a mega load (rebuilt already) or a fresh compile."""
+        if self._pending is None:
+            return
+        from torch._guards import TracingContext, tracing
+
+        gm, prefix, fake_mode = self._pending
+        backend = make_backend(compilation_config, prefix)  # a VllmBackend, from the module above this one
+        backend.model_factors = model_factors
+        example_inputs = [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")]
+        with tracing(TracingContext(fake_mode)), cpu_isa.remembered_probe():
+            with fake_mode:
+                _ExampleValues(gm).run(*example_inputs)
+            built = backend(gm, example_inputs)
+        self._pending = None
+        self.split_gm, self.compilation_config, self.pieces = built.split_gm, compilation_config, built.pieces
+        self.cache_dir, self.vllm_backend = built.cache_dir, backend
 
 
-def _read_artifact_bytes(path: Path) -> bytes:
-    if path.is_dir():  # unpacked: tar it into memory
-        import tarfile
+def _pickle_graph(gm: fx.GraphModule, keep_inputs: bool) -> bytes:
+    """GraphPickler.dumps(gm), without what stands in for a submodule at run time (a piece's
+    PiecewiseBackend, a profiler range: the modules are saved, not those) and without the
+    metadata a load does not need: stacks, and the fake values, but for the graph's inputs when
+    `keep_inputs` (the backend's re-run starts from them; torch 2.13's GraphPickler cannot pickle a
+    fake view, such as a split's outputs, so the others are computed again at load)."""
+    from torch.fx._graph_pickler import GraphPickler, Options
 
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(path, arcname=path.name)
-        return b"DIR" + buf.getvalue()
-    return path.read_bytes()
+    saved = {name: gm.__dict__.pop(name) for name in list(gm._modules) if name in gm.__dict__}
+    try:
+        for m in [gm, *gm.children()]:
+            if isinstance(m, fx.GraphModule):
+                for node in m.graph.nodes:
+                    drop = ("nn_module_stack", "source_fn_stack", "stack_trace")
+                    if not (keep_inputs and node.op == "placeholder"):
+                        drop += ("example_value", "val")
+                    for key in drop:
+                        node.meta.pop(key, None)
+        return GraphPickler.dumps(gm, Options(ops_filter=None))
+    finally:
+        gm.__dict__.update(saved)
 
 
-def _load_artifact_bytes(data: bytes, fmt: str) -> Any:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "artifact"
-        if data.startswith(b"DIR"):
-            import tarfile
+class _ExampleValues(fx.Interpreter):
+    """Runs a graph on fake inputs and puts each node's value back in node.meta["example_value"],
+    as Dynamo left it: what split_graph and the pieces' PiecewiseBackends read."""
 
-            with tarfile.open(fileobj=io.BytesIO(data[3:])) as tar:
-                tar.extractall(tmp, filter="data")
-                path = Path(tmp) / tar.getnames()[0]
-        else:
-            path.write_bytes(data)
-        return load_artifact(path, fmt)
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        n.meta["example_value"] = value
+        return value
+
+
+def _piece_bytes(fn: VllmSerializableFunction) -> list[dict]:
+    """Each compiled piece with its entries' artifacts as bytes (standalone_compile(aot=True) made
+    them self-contained: no file of the backend's cache is needed to load them)."""
+    pieces = []
+    for p in fn.pieces:
+        runnable = fn.split_gm.__dict__[p["submod"]]
+        backend = getattr(runnable, "runnable", runnable)  # under a profiler range (nvtx.RangeWrapper)
+        entries = {}
+        for r, e in backend.range_entries.items():
+            artifact = e.compiled.runnable
+            if not hasattr(artifact, "serialize"):
+                raise RuntimeError(f"piece {p['index']} for {r} was not compiled for the mega artifact "
+                                   "(standalone_compile(aot=True)): VLLM_USE_MEGA_AOT_ARTIFACT changed "
+                                   "between compiling and saving?")
+            entries[r] = {"bytes": artifact.serialize()}
+        pieces.append({**p, "entries": entries})
+    return pieces
+
+
+def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict]) -> None:
+    """Put a PiecewiseBackend over each piece's loaded artifacts in the stitching graph."""
+    from torch._inductor.standalone_compile import AOTCompiledArtifact
+
+    for p in pieces:
+        runnables = {}
+        for r, ref in p["entries"].items():
+            runnables[r] = AOTCompiledArtifact.deserialize(ref["bytes"])
+            compilation_counter.num_compiled_artifacts_loaded += 1
+            if p.get("single_output"):  # a loaded artifact returns a list even for one value
+                runnables[r] = first_output(runnables[r])
+        gm.__dict__[p["submod"]] = PiecewiseBackend.from_runnables(
+            cc, p["index"], p["sym_shape_indices"], runnables)
 
 
 # --- source checks and inspection ---------------------------------------------------------------
@@ -318,7 +384,7 @@ def changed_sources(source_info: Any) -> list[str]:
     return sorted(changed)
 
 
-# where InductorAdaptor.initialize_cache points Inductor's and Triton's own caches
+# where compiler_interface.initialize_inductor_cache points Inductor's and Triton's own caches
 FOREIGN_CACHES = {"inductor_cache": "Inductor's FX graph cache and generated code",
                   "triton_cache": "Triton's compiled kernels"}
 

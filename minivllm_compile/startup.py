@@ -1,10 +1,15 @@
 """Start-up measured the only honest way: each start in a fresh Python process.
 
-    cold     empty compile cache and empty Inductor cache: Dynamo, split, every Inductor compile
-    warm     empty compile cache, warm Inductor cache: traced and split again, kernels from disk
-    aot      the saved AOT artifact: no trace, no compile, artifacts loaded
+    cold               empty compile cache and empty Inductor cache: Dynamo, split, every Inductor
+                       compile, then the AOT file saved (the mega artifact: the default)
+    aot_load           the saved AOT file, with the pieces inside it: no trace, no backend, no compile
     aot_load_probing   the same, with Inductor's CPU vector-ISA probe run again (its stored answer
-             removed, see cpu_isa.py): what the AOT load cost before that answer was kept
+                       removed, see cpu_isa.py): what the AOT load cost before that answer was kept
+    aot_load_non_mega  VLLM_USE_MEGA_AOT_ARTIFACT=0 (after its own cold start, cold_non_mega): the AOT
+                       file holds the Dynamo graph; the backend runs again and loads every piece
+                       through its index
+    warm_no_aot        VLLM_USE_AOT_COMPILE=0 (after its own cold start, cold_no_aot): Dynamo traces
+                       again, and Inductor's cache, moved into the compile cache, serves every kernel
 
 Each child puts the model where `envs.default_device()` says (the GPU when there is one).
 Used by the benchmark (python -m minivllm_compile.bench) and notebook 09. A measurement, never a
@@ -38,7 +43,10 @@ t1 = time.perf_counter()
 out = lm(torch.arange(7, device=lm.device), torch.arange(7, device=lm.device))  # load or compile, then run
 out = out.cpu()  # (on a GPU: waits for the kernels, so the first call is timed whole)
 t2 = time.perf_counter()
-print("RESULT " + json.dumps({"first_call_s": t2 - t1, "import_build_s": t1 - t0,
+from torch._dynamo.utils import counters
+hits = {**{k: counters["inductor"][k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")},
+        **{k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}}
+print("RESULT " + json.dumps({"first_call_s": t2 - t1, "import_build_s": t1 - t0, "inductor_cache": hits,
                               "counters": vars(compilation_counter), "checksum": float(out.double().sum())}))
 """
 
@@ -57,22 +65,32 @@ def run_start(cache_root: str, inductor_cache: str, spec: dict, extra_env: dict 
     return json.loads(line[7:])
 
 
+# each start-up: which cache it starts from (a key of `roots` below), and the switches it runs with
+STARTS = {
+    "cold": ("mega", {}), "aot_load": ("mega", {}), "aot_load_probing": ("mega", {}),
+    "cold_non_mega": ("non_mega", {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}),
+    "aot_load_non_mega": ("non_mega", {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}),
+    "cold_no_aot": ("no_aot", {"VLLM_USE_AOT_COMPILE": "0"}),
+    "warm_no_aot": ("no_aot", {"VLLM_USE_AOT_COMPILE": "0"}),
+}
+
+
 def startup_times(layers: int = 2, sizes: list[int] | None = None, endpoints: list[int] | None = None,
                   max_tokens: int = 64, repeats: int = 3) -> dict:
-    """Median first-call seconds of cold, warm-Inductor and AOT-load starts, `repeats` each, every
-    start its own process; also the raw runs and the checksums (all equal: the same model)."""
+    """Median first-call seconds of each start in STARTS, `repeats` each, every start its own
+    process, in that order (each cold start fills the cache the next starts of its group read);
+    also the raw runs and whether the checksums are all equal (the same model, the same logits)."""
     spec = {"layers": layers, "sizes": sizes if sizes is not None else [4, 8],
             "endpoints": endpoints if endpoints is not None else [16], "max": max_tokens}
-    runs: dict[str, list[dict]] = {"cold": [], "warm_inductor": [], "aot_load": [], "aot_load_probing": []}
+    runs: dict[str, list[dict]] = {k: [] for k in STARTS}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            root, inductor = str(Path(tmp) / "vllm"), str(Path(tmp) / "inductor")
-            runs["cold"].append(run_start(root, inductor, spec))  # compiles and saves
-            runs["aot_load"].append(run_start(root, inductor, spec))  # loads the artifact
-            (Path(root) / RECORD_NAME).unlink(missing_ok=True)  # and again, probing the CPU
-            runs["aot_load_probing"].append(run_start(root, inductor, spec))
-            # a fresh compile cache, the same Inductor cache: traced and compiled, kernels cached
-            runs["warm_inductor"].append(run_start(str(Path(tmp) / "vllm2"), inductor, spec))
+            roots = {group: str(Path(tmp) / group) for group, _ in STARTS.values()}
+            for name, (group, env) in STARTS.items():
+                if name == "aot_load_probing":  # the ISA answer the cold start stored: gone
+                    (Path(roots[group]) / RECORD_NAME).unlink(missing_ok=True)
+                # Inductor's cache starts empty for each group (with AOT off it moves into the root)
+                runs[name].append(run_start(roots[group], str(Path(tmp) / f"inductor_{group}"), spec, env))
     med = {k: statistics.median(r["first_call_s"] for r in v) for k, v in runs.items()}
     spread = {k: [round(min(r["first_call_s"] for r in v), 3), round(max(r["first_call_s"] for r in v), 3)]
               for k, v in runs.items()}

@@ -63,7 +63,8 @@ def saved(tmp_path_factory):
 def test_process_two_loads_without_tracing_or_compiling(saved, tmp_path):
     root, first = saved
     assert first["num_aot_compiles"] == 1 and first["num_aot_artifacts_saved"] == 1
-    assert first["num_inductor_compiles"] == 2 and first["num_compiled_artifacts_saved"] == 2
+    # the mega artifact (the default on torch >= 2.12): the pieces' bytes are in the AOT file, none saved beside it
+    assert first["num_inductor_compiles"] == 2 and first["num_compiled_artifacts_saved"] == 0
     proc, c = run_child(root, tmp_path / "out2.pt")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert c["num_aot_artifacts_loaded"] == 1
@@ -100,21 +101,24 @@ def test_the_compile_fx_adaptor_keeps_inductors_own_cache_in_the_compile_cache(t
     assert torch.equal(torch.load(tmp_path / "out1.pt"), torch.load(tmp_path / "out2.pt"))
 
 
-def test_only_the_compile_fx_adaptor_redirects_inductors_cache(tmp_path, monkeypatch):
+def test_which_adaptors_redirect_inductors_cache(tmp_path, monkeypatch):
+    """As vLLM 0.33: compile_fx's adaptor always (its graphs live in Inductor's cache), the standalone
+    one only with AOT compile off (with it on, its own artifacts are what a later process loads)."""
     from minivllm_compile.compiler_interface import InductorAdaptor, InductorStandaloneAdaptor
 
-    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        monkeypatch.setenv(var, "/before")  # restored after the test: the redirection is process-wide
     rank = tmp_path / "h" / "rank_0_0"
-    InductorAdaptor().initialize_cache(str(rank / "backbone"), disable_cache=True, prefix="backbone")
-    InductorStandaloneAdaptor().initialize_cache(str(rank / "backbone"), prefix="backbone")
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] == "/before"
-    adaptor = InductorAdaptor()
-    adaptor.initialize_cache(str(rank / "backbone"), prefix="backbone")
-    assert adaptor.cache_dir == str(rank / "backbone")
-    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == rank / "inductor_cache"  # shared by every prefix
-    assert Path(os.environ["TRITON_CACHE_DIR"]) == rank / "triton_cache"
-    assert (rank / "inductor_cache").is_dir() and (rank / "triton_cache").is_dir()
+    for make in (InductorAdaptor, lambda: InductorStandaloneAdaptor(use_aot_compile=False)):
+        for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+            monkeypatch.setenv(var, "/before")  # restored after the test: the redirection is process-wide
+        make().initialize_cache(str(rank / "backbone"), disable_cache=True, prefix="backbone")
+        InductorStandaloneAdaptor(use_aot_compile=True).initialize_cache(str(rank / "backbone"), prefix="backbone")
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] == "/before"
+        adaptor = make()
+        adaptor.initialize_cache(str(rank / "backbone"), prefix="backbone")
+        assert adaptor.cache_dir == str(rank / "backbone")
+        assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == rank / "inductor_cache"  # shared by every prefix
+        assert Path(os.environ["TRITON_CACHE_DIR"]) == rank / "triton_cache"
+        assert (rank / "inductor_cache").is_dir() and (rank / "triton_cache").is_dir()
 
 
 def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
@@ -133,8 +137,8 @@ def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
     assert factors["torch"] == torch.__version__ and "VLLM_USE_AOT_COMPILE" in factors["envs"]
     assert factors["device"] == "cpu"  # where the traced graph's inputs live
     assert any(p.endswith("models/llama.py") for p in factors["traced_files"])
-    assert sorted(p.name for p in d.glob("artifact_*")) == [
-        "artifact_compile_range_1_16_subgraph_0", "artifact_compile_range_1_16_subgraph_1"]
+    # the mega artifact: the pieces are inside the AOT file (the other layout: tests/test_aot_paths.py)
+    assert not list(d.glob("artifact_*")) and not (d / "vllm_compile_cache.py").exists()
     text = caching.describe(root / "torch_compile_cache")
     assert "cache_key_factors.json" in text and "traced_files: " in text and "model" in text
 
@@ -153,14 +157,9 @@ def test_a_corrupt_artifact_is_reported_once_and_rebuilt(saved, tmp_path):
     assert torch.equal(torch.load(saved[0] / "out1.pt"), torch.load(tmp_path / "out.pt"))
     proc, c = run_child(root, tmp_path / "out3.pt")  # and the rebuilt one loads
     assert c["num_aot_artifacts_loaded"] == 1
-    # a corrupt piece artifact is caught the same way
-    piece = next((root / "torch_compile_cache").glob("*/rank_0_0/backbone/artifact_*"))
-    piece.write_bytes(b"not an artifact")
-    proc, c = run_child(root, tmp_path / "out4.pt")
-    assert proc.returncode == 0 and proc.stderr.count("is unusable") == 1 and c["num_aot_compiles"] == 1
-    # ... and is an error when the load is forced
-    piece = next((root / "torch_compile_cache").glob("*/rank_0_0/backbone/artifact_*"))
-    piece.write_bytes(b"not an artifact")
+    # ... and is an error when the load is forced (a corrupt piece or index without the mega
+    # artifact: tests/test_aot_paths.py)
+    model_file.write_bytes(model_file.read_bytes()[:100])
     proc, _ = run_child(root, tmp_path / "out5.pt", env={"VLLM_FORCE_AOT_LOAD": "1"})
     assert proc.returncode != 0 and "VLLM_FORCE_AOT_LOAD=1 and the AOT artifact" in proc.stderr
 
@@ -240,10 +239,11 @@ def test_mega_artifact_is_one_file(tmp_path):
     proc, c = run_child(tmp_path, tmp_path / "o1.pt", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for d in (tmp_path / "torch_compile_cache").glob("*/rank_0_0"):
-        shutil.rmtree(d)  # the backend's artifacts are gone: the AOT file alone must do
+        shutil.rmtree(d)  # the backend's folders are gone: the AOT file alone must do
     proc, c = run_child(tmp_path, tmp_path / "o2.pt", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert c["num_aot_artifacts_loaded"] == 1 and c["num_inductor_compiles"] == 0
+    assert c["num_graphs_seen"] == 0 and c["num_backend_compilations"] == 0  # no backend ran
     assert torch.equal(torch.load(tmp_path / "o1.pt"), torch.load(tmp_path / "o2.pt"))
 
 
@@ -301,8 +301,23 @@ def test_force_aot_load_with_nothing_saved_is_a_clear_error(tmp_path, monkeypatc
 
 
 def test_disable_compile_cache_saves_nothing(tmp_path, monkeypatch):
+    """With the cache off, AOT compile is off by default too (vLLM's use_aot_compile): the JIT path,
+    nothing on disk."""
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    with compilation_counter.expect(num_aot_compiles=0, num_graphs_seen=1, num_aot_artifacts_saved=0,
+                                    num_compiled_artifacts_saved=0):
+        lm(torch.arange(5), torch.arange(5))
+    assert lm.model.aot_compiled_fn is None and lm.model.compiled
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_disable_compile_cache_with_aot_asked_for_saves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
     with compilation_counter.expect(num_aot_compiles=1, num_aot_artifacts_saved=0, num_compiled_artifacts_saved=0):
         lm(torch.arange(5), torch.arange(5))
@@ -346,6 +361,7 @@ def test_which_config_fields_change_the_key():
 def test_unpacked_artifacts_hold_readable_code(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", "0")  # the mega artifact keeps its pieces' bytes inline
     cc = CompilationConfig(max_num_batched_tokens=16, compile_cache_save_format="unpacked")
     build_model("llama", num_layers=1, compilation_config=cc)(torch.arange(5), torch.arange(5))
     sources = [p for p in tmp_path.rglob("*.py") if "artifact_compile_range" in str(p)]
