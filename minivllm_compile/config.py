@@ -83,10 +83,26 @@ class PassConfig:
     # ours, to measure it: vLLM always runs FixFunctionalizationPass
     enable_fix_functionalization: bool = True
     enable_noop: bool = True  # remove no-op reshapes/slices before the other passes
+    # vLLM's name and default (off): q/k RMSNorm + RoPE -> fused_qk_norm_rope (QKNormRoPEFusionPass)
+    enable_qk_norm_rope_fusion: bool = False
+    # a range-gated pass, after vLLM's rope_kvcache_fusion_max_token_num: the fusion applies only to
+    # compile ranges that end at or below this many tokens (the decode-sized ones), and the value
+    # becomes a compile-range endpoint so that such a range exists. None: every range.
+    qk_norm_rope_fusion_max_token_num: int | None = None
 
     def __post_init__(self):
         for f in fields(self):
-            _require_bool("PassConfig", f.name, getattr(self, f.name))
+            if f.type == "bool":
+                _require_bool("PassConfig", f.name, getattr(self, f.name))
+        n = self.qk_norm_rope_fusion_max_token_num
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ValueError(f"PassConfig.qk_norm_rope_fusion_max_token_num must be a positive int or None, got {n!r}")
+
+    def range_endpoints(self) -> list[int]:
+        """The compile-range endpoints the enabled range-gated passes need (vLLM adds them in
+        VllmConfig._set_compile_ranges)."""
+        n = self.qk_norm_rope_fusion_max_token_num
+        return [n] if self.enable_qk_norm_rope_fusion and n is not None else []
 
 
 @dataclass
@@ -134,9 +150,7 @@ class CompilationConfig:
         # vLLM (VllmConfig._set_compile_ranges) keeps the endpoints e with 1 < e < max_num_batched_tokens
         # and drops the others without a word: 1 would make Range(1, 1), and an endpoint at or
         # past the end adds nothing (max_num_batched_tokens always ends the last range)
-        self.compile_ranges_endpoints = [e for e in self._sizes("compile_ranges_endpoints",
-                                                                self.compile_ranges_endpoints, upto=None)
-                                         if 1 < e < n]
+        endpoints = self._sizes("compile_ranges_endpoints", self.compile_ranges_endpoints, upto=None)
         if self.splitting_ops is None:
             self.splitting_ops = list(DEFAULT_SPLITTING_OPS)
         if not isinstance(self.splitting_ops, list):
@@ -158,6 +172,9 @@ class CompilationConfig:
             elif not isinstance(value, cls):
                 raise ValueError(f"CompilationConfig.{name} must be a {cls.__name__} (or a dict of its "
                                  f"fields), got {value!r}")
+        # a range-gated pass's endpoint joins the user's, filtered the same way
+        endpoints = sorted(set(endpoints) | set(self.pass_config.range_endpoints()))
+        self.compile_ranges_endpoints = [e for e in endpoints if 1 < e < n]
         for name in ("cache_dir", "debug_dump_path"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):

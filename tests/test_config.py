@@ -185,3 +185,20 @@ def test_aot_compile_is_off_when_the_cache_is(monkeypatch):
     assert envs.VLLM_USE_AOT_COMPILE is False
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")  # an explicit setting wins, as in vLLM
     assert envs.VLLM_USE_AOT_COMPILE is True
+
+
+def test_a_range_gated_pass_adds_its_endpoint():
+    """As vLLM's _set_compile_ranges adds a range-gated fusion's max token count to the endpoints:
+    on and bounded, it makes a range end there; off, or past the end, it adds nothing."""
+    from minivllm_compile import PassConfig
+
+    gated = PassConfig(enable_qk_norm_rope_fusion=True, qk_norm_rope_fusion_max_token_num=8)
+    cc = CompilationConfig(max_num_batched_tokens=32, compile_ranges_endpoints=[16], pass_config=gated)
+    assert cc.get_compile_ranges() == [Range(1, 8), Range(9, 16), Range(17, 32)]
+    off = PassConfig(qk_norm_rope_fusion_max_token_num=8)
+    assert CompilationConfig(max_num_batched_tokens=32, pass_config=off).get_compile_ranges() == [Range(1, 32)]
+    past = PassConfig(enable_qk_norm_rope_fusion=True, qk_norm_rope_fusion_max_token_num=64)
+    assert CompilationConfig(max_num_batched_tokens=32, pass_config=past).get_compile_ranges() == [Range(1, 32)]
+    assert cc.compute_hash() != CompilationConfig(max_num_batched_tokens=32, compile_ranges_endpoints=[16]).compute_hash()
+    with pytest.raises(ValueError, match="qk_norm_rope_fusion_max_token_num must be a positive int or None"):
+        PassConfig(qk_norm_rope_fusion_max_token_num=0)
