@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 DEFAULT_SPLITTING_OPS = ["minivllm::unified_attention_with_output", "minivllm::short_conv"]
 # the layers that can run as a custom op or as plain torch (vLLM's CustomOp: forward_cuda / forward_native)
-CUSTOM_OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope")
+CUSTOM_OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "quant_fp8")
 
 
 class CompilationMode(enum.IntEnum):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from minivllm_compile.forward_context import get_forward_context
 from minivllm_compile.kernels import activation, causal_conv1d, layernorm, paged_attention
-from minivllm_compile.kernels import qk_norm_rope
+from minivllm_compile.kernels import qk_norm_rope, quant_fp8
 from minivllm_compile.kernels import rotary_embedding as rope
 from minivllm_compile.kernels._compat import HAS_TRITON
 
@@ -169,6 +169,110 @@ def silu_and_mul(out: Tensor, input: Tensor) -> None:
 
 @silu_and_mul.register_fake
 def _(out, input):
+    return None
+
+
+# --- static per-tensor FP8 quantization, alone and fused (vLLM's _C ops of the same names) ------
+#
+# `result` is float8_e4m3fn; `scale` one float32 value (per tensor, static: calibrated offline and
+# stored in the checkpoint as `input_scale`); result = fp8(clamp(x * (1 / scale), -448, 448)).
+# vLLM 0.33's static_scaled_fp8_quant also takes an optional group_shape (per-channel and group
+# scales); per tensor is the only scheme here, so the argument is left out.
+
+_QUANT_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _use_triton_fp8(t: Tensor) -> bool:
+    # Triton converts to e4m3fn only on GPUs with FP8 hardware (compute capability 8.9+: Ada,
+    # Hopper and newer); older GPUs run the reference
+    return _use_triton(t) and (not t.is_cuda or torch.cuda.get_device_capability(t.device) >= (8, 9))
+
+
+def _check_quant(op: str, result: Tensor, input: Tensor, scale: Tensor, shape: tuple) -> None:
+    _check(op, result.dtype == quant_fp8.FP8_DTYPE,
+           lambda: f"`result` is {result.dtype} but must be {quant_fp8.FP8_DTYPE}; allocate it with "
+           f"torch.empty(..., dtype={quant_fp8.FP8_DTYPE})")
+    _check(op, input.dtype in _QUANT_INPUT_DTYPES,
+           lambda: f"`input` is {input.dtype}; it must be one of {list(_QUANT_INPUT_DTYPES)}")
+    _check(op, tuple(result.shape) == tuple(shape),
+           lambda: f"`result` has shape {tuple(result.shape)} but must be {tuple(shape)} for `input` of "
+           f"shape {tuple(input.shape)}")
+    _check(op, scale.numel() == 1,
+           lambda: f"`scale` has {scale.numel()} elements (shape {tuple(scale.shape)}); static per-tensor "
+           "quantization takes a 1-element float32 tensor")
+    _check(op, scale.dtype == torch.float32, lambda: f"`scale` is {scale.dtype}; it must be torch.float32")
+    for name, t in (("result", result), ("scale", scale)):
+        _check(op, t.device == input.device,
+               lambda: f"`{name}` is on {t.device} but `input` is on {input.device}; move them to one device")
+
+
+@torch.library.custom_op("minivllm::static_scaled_fp8_quant", mutates_args=("result",))
+def static_scaled_fp8_quant(result: Tensor, input: Tensor, scale: Tensor) -> None:
+    _check_quant("static_scaled_fp8_quant", result, input, scale, input.shape)
+    fn = quant_fp8.static_scaled_fp8_quant_triton if _use_triton_fp8(input) else quant_fp8.static_scaled_fp8_quant_ref
+    fn(result, input, scale)
+
+
+@static_scaled_fp8_quant.register_fake
+def _(result, input, scale):
+    return None
+
+
+@torch.library.custom_op("minivllm::rms_norm_static_fp8_quant", mutates_args=("result",))
+def rms_norm_static_fp8_quant(
+    result: Tensor, input: Tensor, weight: Tensor, scale: Tensor, epsilon: float
+) -> None:
+    """rms_norm then static_scaled_fp8_quant, in one pass over the row."""
+    op = "rms_norm_static_fp8_quant"
+    _check_like(op, {"input": input, "weight": weight})
+    _check_norm(op, input, weight)
+    _check_quant(op, result, input, scale, input.shape)
+    fn = (quant_fp8.rms_norm_static_fp8_quant_triton if _use_triton_fp8(input)
+          else quant_fp8.rms_norm_static_fp8_quant_ref)
+    fn(result, input, weight, scale, epsilon)
+
+
+@rms_norm_static_fp8_quant.register_fake
+def _(result, input, weight, scale, epsilon):
+    return None
+
+
+@torch.library.custom_op("minivllm::fused_add_rms_norm_static_fp8_quant", mutates_args=("result", "residual"))
+def fused_add_rms_norm_static_fp8_quant(
+    result: Tensor, input: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, epsilon: float
+) -> None:
+    """residual <- input + residual; result <- quant(rms_norm(residual)). `input` is not written
+    (fused_add_rms_norm writes the norm there; here the norm goes, quantized, to `result`)."""
+    op = "fused_add_rms_norm_static_fp8_quant"
+    _check_like(op, {"input": input, "residual": residual, "weight": weight})
+    _check(op, residual.shape == input.shape,
+           lambda: f"`residual` has shape {tuple(residual.shape)} but `input` has {tuple(input.shape)}")
+    _check_norm(op, input, weight)
+    _check_quant(op, result, input, scale, input.shape)
+    fn = (quant_fp8.fused_add_rms_norm_static_fp8_quant_triton if _use_triton_fp8(input)
+          else quant_fp8.fused_add_rms_norm_static_fp8_quant_ref)
+    fn(result, input, residual, weight, scale, epsilon)
+
+
+@fused_add_rms_norm_static_fp8_quant.register_fake
+def _(result, input, residual, weight, scale, epsilon):
+    return None
+
+
+@torch.library.custom_op("minivllm::silu_and_mul_quant", mutates_args=("result",))
+def silu_and_mul_quant(result: Tensor, input: Tensor, scale: Tensor) -> None:
+    """silu_and_mul then static_scaled_fp8_quant: result [..., d] fp8 from input [..., 2d]."""
+    op = "silu_and_mul_quant"
+    _check(op, input.dim() > 0 and input.shape[-1] % 2 == 0,
+           lambda: f"`input` has shape {tuple(input.shape)}; its last dimension must be even (gate and up "
+           "halves side by side)")
+    _check_quant(op, result, input, scale, (*input.shape[:-1], input.shape[-1] // 2))
+    fn = quant_fp8.silu_and_mul_quant_triton if _use_triton_fp8(input) else quant_fp8.silu_and_mul_quant_ref
+    fn(result, input, scale)
+
+
+@silu_and_mul_quant.register_fake
+def _(result, input, scale):
     return None
 
 

@@ -13,10 +13,11 @@ from minivllm_compile.models.hybrid import HybridModel
 from minivllm_compile.models.llama import LlamaModel
 from minivllm_compile.models.lm import LM
 from minivllm_compile.models.loader import load_checkpoint_weights
+from minivllm_compile.models.quant import quantize_linears
 from minivllm_compile.models.tokenizer import VOCAB_SIZE, ByteTokenizer
 
 CHECKPOINTS = Path(__file__).parent / "checkpoints"
-SHIPPED = ("tiny-llama", "tiny-hybrid")
+SHIPPED = ("tiny-llama", "tiny-hybrid", "tiny-llama-fp8")
 
 __all__ = ["LM", "ByteTokenizer", "ModelConfig", "build_model", "load_model", "CHECKPOINTS"]
 
@@ -24,6 +25,8 @@ __all__ = ["LM", "ByteTokenizer", "ModelConfig", "build_model", "load_model", "C
 def _make(cfg: ModelConfig, compilation_config, device, dtype) -> tuple[nn.Module, nn.Linear]:
     cls = HybridModel if cfg.is_hybrid else LlamaModel
     model = cls(cfg=cfg, compilation_config=compilation_config)
+    if cfg.quantization_config is not None:  # an FP8 checkpoint: its linears become Fp8Linear
+        quantize_linears(model, cfg, compilation_config)
     lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
     return model, lm_head
 
@@ -35,7 +38,9 @@ def _finish(model, lm_head, cfg, device, dtype, checkpoint_dir=None) -> LM:
 
 
 def load_model(name_or_path: str | Path, *, compilation_config=None, device=None, dtype=None) -> LM:
-    """Load "tiny-llama", "tiny-hybrid", or a folder holding config.json and model.safetensors."""
+    """Load "tiny-llama", "tiny-hybrid", "tiny-llama-fp8" (tiny-llama with FP8 weights and static
+    activation scales, made by scripts/quantize_fp8.py), or a folder holding config.json and
+    model.safetensors."""
     path = CHECKPOINTS / str(name_or_path) if str(name_or_path) in SHIPPED else Path(name_or_path)
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         raise FileNotFoundError(f"{name_or_path!r} is neither a shipped model {SHIPPED} nor a folder "

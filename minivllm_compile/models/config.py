@@ -27,6 +27,9 @@ class ModelConfig:
     eos_token_id: int = 257
     layer_types: tuple[str, ...] | None = None  # hybrid: "conv" or "full_attention" per layer
     conv_L_cache: int = 3  # hybrid: the short conv's width
+    # FP8 checkpoints: {"quant_method": "fp8", "activation_scheme": "static", ...}, checked by
+    # models/quant.Fp8Config when the model is built; None for an unquantized checkpoint
+    quantization_config: dict | None = None
 
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:

@@ -1,4 +1,8 @@
-"""Load Hugging Face Llama-layout weights, stacking q/k/v and gate/up as vLLM's load_weights does."""
+"""Load Hugging Face Llama-layout weights, stacking q/k/v and gate/up as vLLM's load_weights does.
+
+An FP8 checkpoint (llm-compressor / AutoFP8 layout) holds, beside each quantized linear's
+float8_e4m3fn `weight`, a float32 scalar `weight_scale` and `input_scale`; a stacked layer
+(qkv_proj, gate_up_proj) takes one of each per shard (models/quant.py, Fp8Linear)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from torch import nn
+
+SCALES = (".weight_scale", ".input_scale")  # per-tensor FP8 scales: one scalar per shard
 
 # checkpoint name piece -> (our name piece, which shard of the stacked tensor)
 STACKED = {
@@ -35,11 +41,16 @@ def expected_checkpoint(params: dict[str, torch.Tensor], cfg) -> dict[str, tuple
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         stacked = [(ck, ours, i) for ck, (ours, i) in STACKED.items() if ours in name]
-        if stacked:
+        if stacked and name.endswith(SCALES):  # one scalar per shard, into slot i of ours
+            for ck, ours, i in stacked:
+                spec[name.replace(ours, ck)] = (name, slice(i, i + 1), ())
+        elif stacked:
             rows = _shard_rows(params, name, cfg)
             for ck, ours, i in stacked:
                 start = sum(rows[:i])
                 spec[name.replace(ours, ck)] = (name, slice(start, start + rows[i]), (rows[i], p.shape[1]))
+        elif name.endswith(SCALES):
+            spec[name] = (name, None, ())
         elif name.endswith(".conv.conv_weight"):  # nn.Conv1d stores the depthwise kernel [dim, 1, width]
             spec[name.replace(".conv.conv_weight", ".conv.conv.weight")] = (name, None, (p.shape[0], 1, p.shape[1]))
         else:
@@ -57,11 +68,22 @@ def load_checkpoint_weights(model: nn.Module, lm_head: nn.Linear, cfg, path: str
     spec = expected_checkpoint(params, cfg)
     missing = sorted(set(spec) - set(tensors))
     extra = sorted(set(tensors) - set(spec))
+    if scales := [n for n in missing if n.endswith(SCALES)]:
+        raise ValueError(f"{path}: the FP8 checkpoint has no tensor {scales[0]!r}"
+                         + (f" (nor {len(scales) - 1} more scales)" if len(scales) > 1 else "")
+                         + "; config.json's quantization_config asks for static FP8, which needs a float32 "
+                         "weight_scale and input_scale beside each quantized weight")
     if missing or extra:
         raise ValueError(f"{path}: checkpoint does not fit a {cfg.model_type} model with "
                          f"{cfg.num_hidden_layers} layers: missing {missing[:5]}, unexpected {extra[:5]}")
     for ck_name, (ours, rows, shape) in spec.items():
         t = tensors[ck_name]
+        if shape == () and t.numel() == 1 and t.dim() <= 1:
+            t = t.reshape(())  # a per-tensor scale: writers store it as [] or [1]
+        dst_dtype = params[ours].dtype
+        if (dst_dtype == torch.float8_e4m3fn) != (t.dtype == torch.float8_e4m3fn):
+            raise ValueError(f"{path}: tensor {ck_name!r} is {t.dtype} but the layer stores {dst_dtype} "
+                             "(config.json's quantization_config and the weights disagree)")
         if tuple(t.shape) != shape:
             raise ValueError(f"{path}: tensor {ck_name!r} has shape {tuple(t.shape)}, expected {shape} "
                              f"(from config.json)")
@@ -70,3 +92,6 @@ def load_checkpoint_weights(model: nn.Module, lm_head: nn.Linear, cfg, path: str
             dst.copy_(t.reshape(dst.shape))
     if cfg.tie_word_embeddings:
         lm_head.weight = model.embed_tokens.weight
+    for module in model.modules():  # vLLM's loader does this too, once every weight is in
+        if hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()

@@ -43,6 +43,11 @@ class FixFunctionalizationPass(VllmInductorPass):
         minivllm.rotary_embedding.default: {1: "query", 2: "key"},
         minivllm.fused_qk_norm_rope.default: {1: "qkv"},
         minivllm.silu_and_mul.default: {1: "out"},
+        # FP8 (vLLM's _C names): the static quant, and what the fusion passes turn norm/act + quant into
+        minivllm.static_scaled_fp8_quant.default: {1: "result"},
+        minivllm.rms_norm_static_fp8_quant.default: {1: "result"},
+        minivllm.fused_add_rms_norm_static_fp8_quant.default: {1: "result", 2: "residual"},
+        minivllm.silu_and_mul_quant.default: {1: "result"},
     }
 
     @VllmInductorPass.time_and_log
