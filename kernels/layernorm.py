@@ -138,7 +138,14 @@ def rms_norm_triton(
 ) -> None:
     require_triton("rms_norm_triton")
     _check_norm_args(input, weight, "out", out)
-    out2, in2 = as_rows("out", out), as_rows("input", input)
+    out2 = as_rows("out", out)
+    try:
+        in2 = as_rows("input", input)
+    except ValueError:
+        # `input` is only read, so packed rows of a copy serve as well: a per-head view
+        # [tokens, heads, head_dim] of the q (or k) slice of qkv has tokens further apart than
+        # heads * head_dim, so it has no 2-D view (vLLM's kernel walks the strides instead)
+        in2 = input.reshape(-1, input.shape[-1])
     if in2.numel() == 0:
         return
     block = triton.next_power_of_2(in2.shape[1])

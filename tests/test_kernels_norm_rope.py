@@ -170,6 +170,14 @@ def test_rms_norm_triton_leading_dims_and_row_stride():
     rms_norm_ref(expected, wide[:, 100:196], w, EPS)
     rms_norm_triton(out, wide[:, 100:196], w, EPS)
     _close(out, expected)
+    # the hybrid's q norm: a per-head view of the q slice of qkv, [tokens, heads, head_dim], whose
+    # tokens lie further apart than heads * head_dim (no 2-D view of it exists)
+    qkv, wq = torch.randn(5, 4 * 24 + 2 * 2 * 24), torch.randn(24)
+    q = qkv[:, : 4 * 24].view(5, 4, 24)
+    expected, out = torch.empty_like(q), torch.empty_like(q)
+    rms_norm_ref(expected, q, wq, EPS)
+    rms_norm_triton(out, q, wq, EPS)
+    _close(out, expected)
 
 
 @needs_triton

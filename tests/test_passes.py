@@ -189,13 +189,18 @@ def test_defunctionalized_graph_runs_and_matches_eager(lm, inputs, eager_out):
     assert sum(fix.defunctionalized.values()) == sum(EXPECTED_CALLS.values())
 
 
-def test_hybrid_model_fused_qk_norm_rope_too_and_the_conv_op_is_left_alone():
+def test_hybrid_model_q_k_norms_and_rope_too_and_the_conv_op_is_left_alone():
+    """The hybrid's attention norms q and k per head (two rms_norm) before RoPE, unfused as vLLM
+    writes it (QKNormRoPEFusionPass, tests/test_qk_norm_rope_fusion.py, fuses them under Inductor)."""
     hybrid = build_model("hybrid", num_layers=2)  # a conv layer, then an attention layer
     inputs = (torch.randint(0, hybrid.config.vocab_size, (N,)), torch.arange(N))
     fix = FixFunctionalizationPass()
     out, graph = _compile_aot(hybrid, inputs, [fix])
     torch.testing.assert_close(out, _run(hybrid, hybrid.model, *inputs), atol=1e-5, rtol=1e-5)
-    assert fix.defunctionalized["minivllm::fused_qk_norm_rope"] == 1
+    # the conv layer's input norm (the attention layer's is fused_add_rms_norm), then q's and k's
+    assert fix.defunctionalized["minivllm::rms_norm"] == 3
+    assert fix.defunctionalized["minivllm::rotary_embedding"] == 1
+    assert "minivllm::fused_qk_norm_rope" not in fix.defunctionalized
     assert _functionalized(graph) == ["minivllm::short_conv", "minivllm::unified_attention_with_output"]
 
 

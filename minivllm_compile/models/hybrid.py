@@ -1,5 +1,7 @@
 """An LFM2-like hybrid: most layers mix tokens with a gated short convolution, a few with attention
-(whose q and k get a per-head RMSNorm, fused with RoPE into one op, as vLLM does for Qwen3/LFM2)."""
+(whose q and k get a per-head RMSNorm before RoPE, as in vLLM's Qwen3/LFM2). The model is written
+unfused, as vLLM writes it; `QKNormRoPEFusionPass` (passes/qk_norm_rope_fusion.py) turns the norms
+and the rotation into one `fused_qk_norm_rope` call when the pass config enables it."""
 
 from __future__ import annotations
 
@@ -7,9 +9,7 @@ import torch
 from torch import nn
 
 from minivllm_compile.models.config import ModelConfig
-from minivllm_compile.kernels.qk_norm_rope import fused_qk_norm_rope_ref
-from minivllm_compile.models.layers import (Attention, LlamaMLP, RMSNorm, RotaryEmbedding, ShortConv,
-                                            use_custom_op)
+from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding, ShortConv
 from minivllm_compile.models.llama import LlamaModel
 
 
@@ -18,7 +18,6 @@ class HybridAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.eps = cfg.rms_norm_eps
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -26,14 +25,14 @@ class HybridAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, f"{prefix}.attn",
                               static_forward_context)
-        self.use_custom_op = use_custom_op("fused_qk_norm_rope")
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
-        qk_norm_rope = torch.ops.minivllm.fused_qk_norm_rope if self.use_custom_op else fused_qk_norm_rope_ref
-        qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.num_kv_heads, self.head_dim, self.eps,
-                     self.q_norm.weight, self.k_norm.weight, self.rotary_emb.cos_sin_cache, True, positions)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # the norms see one head per row: views of the split, [num_tokens, heads, head_dim]
+        q = self.q_norm(q.view(*q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim)).view(q.shape)
+        k = self.k_norm(k.view(*k.shape[:-1], k.shape[-1] // self.head_dim, self.head_dim)).view(k.shape)
+        q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 

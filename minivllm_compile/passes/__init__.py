@@ -9,9 +9,15 @@ from minivllm_compile.passes.inductor_pass import (
 )
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
 from minivllm_compile.passes.pass_manager import PostGradPassManager, make_pass_manager
-from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
+from minivllm_compile.passes.qk_norm_rope_fusion import QKNormRoPEFusionPass
+from minivllm_compile.passes.vllm_inductor_pass import (
+    Records,
+    VllmInductorPass,
+    VllmPatternMatcherPass,
+)
 
 __all__ = [
     "CallableInductorPass", "FixFunctionalizationPass", "InductorPass", "NoOpEliminationPass",
-    "PostGradPassManager", "Records", "VllmInductorPass", "graph_text", "is_func", "make_pass_manager",
+    "PostGradPassManager", "QKNormRoPEFusionPass", "Records", "VllmInductorPass", "VllmPatternMatcherPass",
+    "graph_text", "is_func", "make_pass_manager",
 ]

@@ -4,8 +4,8 @@
     torch._inductor.config.post_grad_custom_post_pass = manager
     torch._inductor.config.enable_auto_functionalized_v2 = False   # FixFunctionalization reads v1
 
-Order: NoOpElimination -> user passes (`add`) -> FixFunctionalization, always last, so every
-other pass sees a functional graph.
+Order: NoOpElimination -> QKNormRoPEFusion (when enabled) -> user passes (`add`) ->
+FixFunctionalization, always last, so every other pass sees a functional graph.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from minivllm_compile.config import CompilationConfig, PassConfig, Range
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
 from minivllm_compile.passes.inductor_pass import CallableInductorPass, InductorPass, graph_text
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
+from minivllm_compile.passes.qk_norm_rope_fusion import QKNormRoPEFusionPass
 from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class PostGradPassManager(CustomGraphPass):
     def configure(self, pass_config: PassConfig) -> None:
         self.pass_config = pass_config
         self.passes = [NoOpEliminationPass(pass_config)] if pass_config.enable_noop else []
+        if pass_config.enable_qk_norm_rope_fusion:  # its patterns expect views already folded
+            self.passes.append(QKNormRoPEFusionPass(pass_config))
         self.fix_functionalization = None
         if pass_config.enable_fix_functionalization:
             self.fix_functionalization = FixFunctionalizationPass(pass_config)

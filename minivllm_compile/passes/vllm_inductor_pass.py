@@ -8,7 +8,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
+from typing import ClassVar
 
 from torch import fx
 
@@ -57,3 +59,18 @@ class VllmInductorPass(InductorPass):
     def end_and_log(self) -> None:
         self.duration_ms = (time.perf_counter() - self._start) * 1e3
         logger.debug("%s completed in %.1f ms", self.pass_name, self.duration_ms)
+
+
+class VllmPatternMatcherPass(VllmInductorPass):
+    """A VllmInductorPass built on Inductor's pattern matcher (torch._inductor.pattern_matcher):
+    the subclass registers replacements into a PatternMatcherPass and sets `matched_count` on
+    every call, which vLLM logs and its tests assert on."""
+
+    matched_count: int = 0  # matches replaced by the latest call
+    # every pass's matches, summed over all calls in this process (vLLM: match_table)
+    match_table: ClassVar[Counter[str]] = Counter()
+
+    def record_matches(self, count: int) -> None:
+        self.matched_count = count
+        VllmPatternMatcherPass.match_table[self.pass_name] += count
+        logger.debug("%s replaced %d matches", self.pass_name, count)
