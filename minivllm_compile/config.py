@@ -83,7 +83,11 @@ class PassConfig:
     # ours, to measure it: vLLM always runs FixFunctionalizationPass
     enable_fix_functionalization: bool = True
     enable_noop: bool = True  # remove no-op reshapes/slices before the other passes
-    # vLLM's name and default (off): q/k RMSNorm + RoPE -> fused_qk_norm_rope (QKNormRoPEFusionPass)
+    # vLLM's names and defaults (off): rms_norm (+ residual add) + static FP8 quant -> one op
+    # (RMSNormQuantFusionPass), silu_and_mul + static FP8 quant -> silu_and_mul_quant
+    # (ActivationQuantFusionPass), q/k RMSNorm + RoPE -> fused_qk_norm_rope (QKNormRoPEFusionPass)
+    fuse_norm_quant: bool = False
+    fuse_act_quant: bool = False
     enable_qk_norm_rope_fusion: bool = False
     # a range-gated pass, after vLLM's rope_kvcache_fusion_max_token_num: the fusion applies only to
     # compile ranges that end at or below this many tokens (the decode-sized ones), and the value

@@ -29,7 +29,12 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized
 from torch._inductor.pattern_matcher import PatternMatcherPass
 
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
-from minivllm_compile.passes.rms_quant_fusion import empty_quant, find_model_dtypes, quant_fp8, register
+from minivllm_compile.passes.rms_quant_fusion import (
+    empty_quant,
+    find_model_dtypes,
+    quant_fp8,
+    register,
+)
 from minivllm_compile.passes.vllm_inductor_pass import VllmInductorPass, VllmPatternMatcherPass
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,8 @@
     torch._inductor.config.post_grad_custom_post_pass = manager
     torch._inductor.config.enable_auto_functionalized_v2 = False   # FixFunctionalization reads v1
 
-Order: NoOpElimination -> QKNormRoPEFusion (when enabled) -> user passes (`add`) ->
+Order: NoOpElimination -> RMSNormQuantFusion, ActivationQuantFusion, QKNormRoPEFusion (each when
+enabled) -> user passes (`add`) ->
 FixFunctionalization, always last, so every other pass sees a functional graph.
 """
 
@@ -20,10 +21,12 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from minivllm_compile.cache_files import compiler_source_hash
 from minivllm_compile.config import CompilationConfig, PassConfig, Range
+from minivllm_compile.passes.act_quant_fusion import ActivationQuantFusionPass
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
 from minivllm_compile.passes.inductor_pass import CallableInductorPass, InductorPass, graph_text
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
 from minivllm_compile.passes.qk_norm_rope_fusion import QKNormRoPEFusionPass
+from minivllm_compile.passes.rms_quant_fusion import RMSNormQuantFusionPass
 from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,10 @@ class PostGradPassManager(CustomGraphPass):
     def configure(self, pass_config: PassConfig) -> None:
         self.pass_config = pass_config
         self.passes = [NoOpEliminationPass(pass_config)] if pass_config.enable_noop else []
+        if pass_config.fuse_norm_quant:  # vLLM's order: the quant fusions, then QK-norm + RoPE
+            self.passes.append(RMSNormQuantFusionPass(pass_config))
+        if pass_config.fuse_act_quant:
+            self.passes.append(ActivationQuantFusionPass(pass_config))
         if pass_config.enable_qk_norm_rope_fusion:  # its patterns expect views already folded
             self.passes.append(QKNormRoPEFusionPass(pass_config))
         self.fix_functionalization = None

@@ -30,8 +30,11 @@ Two things are burned into a pattern rather than matched:
 - the activation dtype: the plain-torch forms cast to fp32 and back, and for an fp32 model those
   casts vanish from the graph, so a bf16 pattern does not fit an fp32 graph nor the reverse. The
   candidates are the floating-point dtypes of the graph's inputs (activations and norm weights;
-  the fp32 scales always add fp32, a cheap extra). The custom-op forms do not depend on it.
+  the fp32 scales always add fp32, a cheap extra). Only the all-custom-op pattern holds no cast,
+  so it is registered once per eps.
 Shapes are not burned in: the search ignores sizes, and the re-trace uses the match's own.
+Patterns for several eps values share one search pattern; one whose check refuses a match leaves
+the node to the next, so the order of registration does not matter across eps.
 """
 
 from __future__ import annotations
@@ -123,10 +126,20 @@ def find_model_dtypes(graph: fx.Graph) -> set[torch.dtype]:
     return {v.dtype for v in vals if isinstance(v, torch.Tensor) and v.dtype in MODEL_DTYPES}
 
 
-def register(pattern, replacement, inputs: list[torch.Tensor], pm_pass: PatternMatcherPass) -> None:
+def norm_dtypes_match(match: pm.Match) -> bool:
+    """The fused norm ops take input, residual and weight of one dtype (ops._check_like refuses
+    others at run time); a plain-torch norm with, say, an fp32 weight on bf16 activations would
+    still match, so refuse it here (vLLM's _rms_input_weight_dtype_match)."""
+    vals = [match.kwargs[k].meta.get("val") for k in ("input", "residual", "weight")
+            if isinstance(match.kwargs.get(k), fx.Node)]
+    return len({v.dtype for v in vals if isinstance(v, torch.Tensor)}) <= 1
+
+
+def register(pattern, replacement, inputs: list[torch.Tensor], pm_pass: PatternMatcherPass,
+             extra_check=lambda match: True) -> None:
     """Trace both on real (tiny) tensors, outside the fake mode Inductor compiles the graph under."""
     with unset_fake_temporarily(), torch.no_grad():
-        pm.register_replacement(pattern, replacement, inputs, pm.fwd_only, pm_pass)
+        pm.register_replacement(pattern, replacement, inputs, pm.fwd_only, pm_pass, extra_check=extra_check)
 
 
 def empty_quant(shape, like: torch.Tensor) -> torch.Tensor:
@@ -162,7 +175,7 @@ class RMSNormStaticQuantPattern:
                                      scale=scale, epsilon=eps)
             return at[1]
 
-        register(pattern, replacement, self.get_inputs(), pm_pass)
+        register(pattern, replacement, self.get_inputs(), pm_pass, norm_dtypes_match)
 
 
 @dataclass(frozen=True)
@@ -197,7 +210,7 @@ class FusedAddRMSNormStaticQuantPattern:
                                      residual=residual, weight=weight, scale=scale, epsilon=eps)
             return at[1], at[2]  # result, residual
 
-        register(pattern, replacement, self.get_inputs(), pm_pass)
+        register(pattern, replacement, self.get_inputs(), pm_pass, norm_dtypes_match)
 
 
 class RMSNormQuantFusionPass(VllmPatternMatcherPass):
@@ -234,4 +247,4 @@ class RMSNormQuantFusionPass(VllmPatternMatcherPass):
         return VllmInductorPass.hash_source(
             self, RMSNormStaticQuantPattern, FusedAddRMSNormStaticQuantPattern, rms_norm_native,
             fused_add_rms_norm_native, rms_norm_custom, fused_add_rms_norm_custom, quant_fp8_custom,
-            quant_fp8_native, find_rms_norm_eps, find_model_dtypes, register, empty_quant)
+            quant_fp8_native, find_rms_norm_eps, find_model_dtypes, norm_dtypes_match, register, empty_quant)
