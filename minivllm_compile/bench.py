@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import statistics
@@ -260,15 +261,26 @@ def bench_fix_functionalization(q: bool) -> dict:
         res["on" if on else "off"] = {"code": code_stats([c for e in entries if e.compile_range.is_single_size()
                                                            for c in e.code], n),
                                       "compile_s": sum(e.seconds for e in entries)}
+    times = step_times(lms, n, rounds, k)
+    res["on"]["step_us"], res["off"]["step_us"] = stats(times[True]), stats(times[False])
+    res["num_tokens"], res["layers"] = n, layers
+    res["ratio_off_vs_on_step"] = res["off"]["step_us"]["median"] / res["on"]["step_us"]["median"]
+    return res
+
+
+def step_times(lms: dict, n: int, rounds: int, k: int) -> dict:
+    """µs per forward of n tokens (one sequence's step) for each model, measured in alternating
+    order, round after round (the first round warms up and is dropped), on one thread."""
     setups = {}
-    for on, lm in lms.items():
+    for key, lm in lms.items():
         md = lm.metadata([n], [n], [0], lm.allocate_caches([n]))
-        setups[on] = (lm, torch.zeros(n, dtype=torch.long, device=DEVICE), torch.arange(n, device=DEVICE), md)
-    times = {True: [], False: []}
+        setups[key] = (lm, torch.zeros(n, dtype=torch.long, device=DEVICE), torch.arange(n, device=DEVICE), md)
+    times = {key: [] for key in lms}
+    order = list(lms)
     torch.set_num_threads(1)
     for r in range(rounds + 1):
-        for on in ((True, False) if r % 2 else (False, True)):
-            lm, ids, pos, md = setups[on]
+        for key in (order if r % 2 else order[::-1]):
+            lm, ids, pos, md = setups[key]
             with torch.inference_mode(), set_forward_context(md, lm.model.static_forward_context):
                 sync()
                 t0 = time.perf_counter()
@@ -276,11 +288,48 @@ def bench_fix_functionalization(q: bool) -> dict:
                     lm.model(ids, pos)
                 sync()
             if r:
-                times[on].append((time.perf_counter() - t0) / k * 1e6)
+                times[key].append((time.perf_counter() - t0) / k * 1e6)
     torch.set_num_threads(os.cpu_count() or 1)
-    res["on"]["step_us"], res["off"]["step_us"] = stats(times[True]), stats(times[False])
-    res["num_tokens"], res["layers"] = n, layers
-    res["ratio_off_vs_on_step"] = res["off"]["step_us"]["median"] / res["on"]["step_us"]["median"]
+    return times
+
+
+# --- 3b. fusion passes on vs off ------------------------------------------------------------------
+
+def bench_fusion(q: bool) -> dict:
+    """Each fusion pass on its model, fused vs not: the calls and kernels in the generated code of the
+    decode-sized entry, and the step time. --quick: the QK-norm + RoPE fusion on a 1-layer hybrid."""
+    from minivllm_compile.models import build_model, load_model
+    from minivllm_compile.viz.kernels import calls_in
+
+    n, rounds, k = (4, 2, 3) if q else (4, 15, 30)
+    # with the FX graph cache off, standalone_compile warns that it has nothing to save: expected here
+    logging.getLogger("torch._inductor.standalone_compile").setLevel(logging.ERROR)
+    cases = {"qk_norm_rope": (lambda cc: build_model("hybrid", num_layers=2, compilation_config=cc, device=DEVICE)
+                              if q else load_model("tiny-hybrid", compilation_config=cc, device=DEVICE),
+                              {"enable_qk_norm_rope_fusion": True})}
+    if not q:
+        cases["fp8_norm_act_quant"] = (lambda cc: load_model("tiny-llama-fp8", compilation_config=cc, device=DEVICE),
+                                       {"fuse_norm_quant": True, "fuse_act_quant": True})
+    res = {"num_tokens": n}
+    for name, (make, flags) in cases.items():
+        lms, row = {}, {}
+        for fused in (True, False):
+            cc = CompilationConfig(mode=M.VLLM_COMPILE, compile_sizes=[n], max_num_batched_tokens=64,
+                                   pass_config=PassConfig(**(flags if fused else {})),
+                                   inductor_compile_config={"fx_graph_cache": False})  # a hit would skip the passes
+            lm = lms[fused] = make(cc)
+            lm.warmup()
+            codes = [c for e in lm.model.backend.compiler_manager.entries if e.compile_range.is_single_size()
+                     for c in e.code]
+            calls = [calls_in(c) for c in codes]
+            row["fused" if fused else "unfused"] = {
+                "code": code_stats(codes, n), "generated_kernels": sum(sum(c["fused"].values()) for c in calls),
+                "op_calls": sum(sum(c["ops"].values()) for c in calls),
+                "extern_calls": sum(sum(c["extern"].values()) for c in calls)}
+        times = step_times(lms, n, rounds, k)
+        row["fused"]["step_us"], row["unfused"]["step_us"] = stats(times[True]), stats(times[False])
+        row["ratio_unfused_vs_fused_step"] = row["unfused"]["step_us"]["median"] / row["fused"]["step_us"]["median"]
+        res[name] = row
     return res
 
 
@@ -419,7 +468,7 @@ def targets(r: dict) -> list[dict]:
 
 
 BENCHES = {"overhead": bench_overhead, "startup": bench_startup, "fix_functionalization": bench_fix_functionalization,
-           "compile_scaling": bench_compile_scaling, "generate": bench_generate}
+           "fusion": bench_fusion, "compile_scaling": bench_compile_scaling, "generate": bench_generate}
 NAMES = list(BENCHES)
 
 

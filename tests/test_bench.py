@@ -88,3 +88,15 @@ def test_a_missed_target_fails_with_its_ratio():
     t = targets({"startup": {"aot_speedup_vs_cold": 6.0}})
     assert t == [{"target": "cold compile / AOT load", "value": 6.0, "op": ">=", "limit": 10.0, "pass": False,
                   "measured": "first-call s, fresh processes"}]
+
+
+def test_fusion_structure(quick):
+    f = quick[0]["fusion"]
+    assert set(f) == {"num_tokens", "qk_norm_rope"}  # --quick: the FP8 model's compiles are left out
+    row = f["qk_norm_rope"]
+    for side in ("fused", "unfused"):
+        assert set(row[side]) == {"code", "generated_kernels", "op_calls", "extern_calls", "step_us"}
+        assert set(row[side]["step_us"]) == STATS
+    # the fused op replaces an rms_norm per q and k and the rotary call, in each attention layer
+    assert row["fused"]["op_calls"] < row["unfused"]["op_calls"]
+    assert row["ratio_unfused_vs_fused_step"] > 0
