@@ -32,9 +32,8 @@ from minivllm_compile.config import (
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE, static_scaled_fp8_quant_native
 from minivllm_compile.models.layers import use_custom_op
 
-# The name `custom_ops` switches this op by (vLLM's QuantFP8 is CustomOp.register("quant_fp8")).
-# config.CUSTOM_OPS does not list it yet, so "+quant_fp8" / "-quant_fp8" are refused there; "all"
-# and "none" already decide it, through custom_op_enabled, which takes any name.
+# The name `custom_ops` switches this op by (vLLM's QuantFP8 is CustomOp.register("quant_fp8")),
+# listed in config.CUSTOM_OPS
 CUSTOM_OP_NAME = "quant_fp8"
 # the linears vLLM quantizes in a Llama decoder layer; the embedding and lm_head stay unquantized
 QUANTIZED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
