@@ -11,6 +11,7 @@ until the environment is ready.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import platform
@@ -72,10 +73,22 @@ def ensure_installed() -> None:
             check=True, capture_output=True, text=True).stdout.strip()
         pin = TRITON_FOR_TORCH.get(release) or TRITON_FOR_TORCH.get(".".join(release.split(".")[:2]))
         pip(f"triton=={pin}" if pin else "triton")
-    # the package itself (editable) with its test and notebook extras; a no-op when all present
-    # (setuptools 70.1+ builds wheels itself: then no isolated build env, no download needed)
+    # the package itself (editable) with its test and notebook extras, once per pyproject.toml: pip
+    # takes about 8 s to find it has nothing to do (setuptools 70.1+ builds wheels itself: then no
+    # isolated build env, no download needed)
+    stamp = install_stamp()
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == want and has("minivllm_compile"):
+        return
     build = ["--no-build-isolation"] if setuptools_version() >= (70, 1) else []
     pip(*build, "-e", f"{ROOT}[test,notebooks]")
+    stamp.write_text(want)
+
+
+def install_stamp() -> Path:
+    """Where this environment records which pyproject.toml of this checkout it installed."""
+    checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    return Path(sys.prefix) / f".minivllm_compile_installed_{checkout}"
 
 
 def main() -> int:
