@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from minivllm_compile.config import (
     CompilationConfig,
     CompilationMode,
+    CUDAGraphMode,
     DynamicShapesConfig,
     DynamicShapesType,
     PassConfig,
@@ -15,6 +16,6 @@ from minivllm_compile.decorators import ignore_torch_compile, support_torch_comp
 from minivllm_compile import caching, envs  # noqa: F401  (modules notebooks reach for)
 
 __all__ = [
-    "CompilationConfig", "CompilationMode", "DynamicShapesConfig", "DynamicShapesType", "PassConfig",
+    "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DynamicShapesConfig", "DynamicShapesType", "PassConfig",
     "Range", "compilation_counter", "ignore_torch_compile", "support_torch_compile",
 ]

@@ -28,6 +28,7 @@ from minivllm_compile import caching, envs
 from minivllm_compile.compiler_interface import CompiledEntry, make_compiler, returns_single_value, timed_compile
 from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
 from minivllm_compile.counter import compilation_counter
+from minivllm_compile.cuda_graph import wrap_with_cudagraph_if_needed
 from minivllm_compile.monitor import dynamo_transform_time
 from minivllm_compile.partition_rules import should_split, warn_unknown_splitting_ops
 from minivllm_compile.piecewise_backend import PiecewiseBackend
@@ -308,7 +309,9 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
                                      len(self.compile_submod_names), sym_shape_indices)
             piece.submod_name = target
             self.backend.piecewise_backends.append(piece)
-            self.module.__dict__[target] = piece  # the stitching graph now calls the backend
+            # the stitching graph now calls the backend, under a PIECEWISE CUDA-graph wrapper when the
+            # mode has piecewise graphs (vLLM wraps here too); the splitting ops stay unwrapped, eager
+            self.module.__dict__[target] = wrap_with_cudagraph_if_needed(piece, self.backend.compilation_config)
             compilation_counter.num_piecewise_capturable_graphs_seen += 1
         return output
 

@@ -64,6 +64,7 @@ from minivllm_compile.cache_files import (  # noqa: F401  (atomic_write, locked:
 from minivllm_compile.compiler_interface import first_output, load_artifact, save_artifact  # noqa: F401
 from minivllm_compile.config import CompilationConfig, CompilationMode, Range
 from minivllm_compile.counter import compilation_counter
+from minivllm_compile.cuda_graph import wrap_with_cudagraph_if_needed
 from minivllm_compile.piecewise_backend import PiecewiseBackend
 
 logger = logging.getLogger("minivllm_compile")
@@ -364,8 +365,8 @@ def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict]) 
             compilation_counter.num_compiled_artifacts_loaded += 1
             if p.get("single_output"):  # a loaded artifact returns a list even for one value
                 runnables[r] = first_output(runnables[r])
-        gm.__dict__[p["submod"]] = PiecewiseBackend.from_runnables(
-            cc, p["index"], p["sym_shape_indices"], runnables)
+        gm.__dict__[p["submod"]] = wrap_with_cudagraph_if_needed(PiecewiseBackend.from_runnables(
+            cc, p["index"], p["sym_shape_indices"], runnables), cc)
 
 
 # --- source checks and inspection ---------------------------------------------------------------

@@ -18,6 +18,68 @@ DEFAULT_SPLITTING_OPS = ["minivllm::unified_attention_with_output", "minivllm::s
 CUSTOM_OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "quant_fp8")
 
 
+class CUDAGraphMode(enum.Enum):
+    """vLLM's CUDAGraphMode. NONE, PIECEWISE and FULL are also the runtime modes the dispatcher
+    picks per step; the two tuple members name a (decode, mixed) pair of routines."""
+
+    NONE = 0
+    PIECEWISE = 1  # a graph per compiled piece; the splitting ops (attention, conv) run eagerly
+    FULL = 2  # one graph over the whole forward, attention included
+    FULL_DECODE_ONLY = (FULL, NONE)  # full graphs for uniform decode batches, nothing for mixed ones
+    FULL_AND_PIECEWISE = (FULL, PIECEWISE)  # full for uniform decode, piecewise for mixed (vLLM's default)
+
+    def separate_routine(self) -> bool:
+        return isinstance(self.value, tuple)
+
+    def decode_mode(self) -> "CUDAGraphMode":
+        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
+
+    def mixed_mode(self) -> "CUDAGraphMode":
+        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+
+    def has_mode(self, mode: "CUDAGraphMode") -> bool:
+        assert not mode.separate_routine(), mode
+        return mode.value in self.value if self.separate_routine() else self == mode
+
+    def requires_piecewise_compilation(self) -> bool:
+        return self.has_mode(CUDAGraphMode.PIECEWISE)
+
+    def without_piecewise(self) -> "CUDAGraphMode":
+        return {CUDAGraphMode.PIECEWISE: CUDAGraphMode.NONE,
+                CUDAGraphMode.FULL_AND_PIECEWISE: CUDAGraphMode.FULL_DECODE_ONLY}.get(self, self)
+
+    def max_cudagraph_mode(self) -> "CUDAGraphMode":
+        return CUDAGraphMode(max(self.value)) if self.separate_routine() else self
+
+    def has_full_cudagraphs(self) -> bool:
+        return self.max_cudagraph_mode() == CUDAGraphMode.FULL
+
+    def has_piecewise_cudagraphs(self) -> bool:
+        return self.requires_piecewise_compilation()
+
+    @classmethod
+    def valid_runtime_modes(cls) -> frozenset["CUDAGraphMode"]:
+        return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
+
+    def is_valid_runtime_mode(self) -> bool:
+        return self in CUDAGraphMode.valid_runtime_modes()
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __bool__(self) -> bool:
+        return self != CUDAGraphMode.NONE
+
+
+class AttentionCGSupport(enum.Enum):
+    """What a splitting op can have captured in a FULL graph (vLLM's v1/attention/backend.py)."""
+
+    ALWAYS = 3  # any batch, mixed prefill-decode included
+    UNIFORM_BATCH = 2  # batches whose requests all have the same query length
+    UNIFORM_SINGLE_TOKEN_DECODE = 1  # pure decode batches only
+    NEVER = 0
+
+
 class CompilationMode(enum.IntEnum):
     NONE = 0  # eager
     STOCK_TORCH_COMPILE = 1  # plain torch.compile: Dynamo's guards kept, recompiles on new shapes
@@ -130,9 +192,19 @@ class CompilationConfig:
     debug_dump_path: str | None = None
     # filled while Dynamo traces: every source file the graph came from (invalidates the cache)
     traced_files: set[str] = field(default_factory=set)
+    # CUDA graphs (vLLM's fields). None resolves to NONE on every platform: vLLM's CpuPlatform turns
+    # CUDA graphs off (platforms/cpu.py), and on CUDA its default (FULL_AND_PIECEWISE) would change
+    # what every existing notebook counts, so here a mode is opt-in. On a CPU an explicit mode runs
+    # the static-buffer stand-in (cuda_graph.StaticBufferReplay) to show the same contract.
+    cudagraph_mode: CUDAGraphMode | str | None = None
+    cudagraph_capture_sizes: list[int] | None = None  # None: vLLM's generated list, capped
+    max_cudagraph_capture_size: int | None = None  # None: min(512, max_num_batched_tokens)
+    cudagraph_copy_inputs: bool = False  # False: the caller passes the same input buffers each step
 
-    # fields that change what is compiled; the others (paths, what was traced) do not
-    HASH_EXCLUDED = ("cache_dir", "debug_dump_path", "traced_files")
+    # fields that change what is compiled; the others (paths, what was traced, the CUDA-graph
+    # settings, which wrap the compiled pieces without changing them) do not
+    HASH_EXCLUDED = ("cache_dir", "debug_dump_path", "traced_files", "cudagraph_mode",
+                     "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_copy_inputs")
 
     def __post_init__(self):
         try:
@@ -206,6 +278,83 @@ class CompilationConfig:
                              f"dotted like 'triton.cudagraphs')"
                              + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
         self.traced_files = set(self.traced_files)
+        self._init_cudagraph()
+
+    def _init_cudagraph(self) -> None:
+        mode = self.cudagraph_mode
+        if mode is None:
+            mode = CUDAGraphMode.NONE
+        elif isinstance(mode, str):  # vLLM: CUDAGraphMode[value.upper()]
+            mode = CUDAGraphMode.__members__.get(mode.upper(), mode)
+        if not isinstance(mode, CUDAGraphMode):
+            raise ValueError(f"CompilationConfig.cudagraph_mode={self.cudagraph_mode!r} is not one of "
+                             f"{list(CUDAGraphMode.__members__)}")
+        self.cudagraph_mode = mode
+        _require_bool("CompilationConfig", "cudagraph_copy_inputs", self.cudagraph_copy_inputs)
+        n = self.max_num_batched_tokens
+        user_sizes, user_max = self.cudagraph_capture_sizes, self.max_cudagraph_capture_size
+        if user_max is not None and (not isinstance(user_max, int) or isinstance(user_max, bool) or user_max < 1):
+            raise ValueError(f"CompilationConfig.max_cudagraph_capture_size must be a positive int or None, "
+                             f"got {user_max!r}")
+        if user_sizes is not None:
+            # vLLM drops sizes above max_num_batched_tokens with a warning (config/vllm.py
+            # _set_cudagraph_sizes); here, as for compile_sizes, a size that can never run is an error
+            sizes = self._sizes("cudagraph_capture_sizes", user_sizes, upto=n)
+            if not sizes:  # vLLM asserts it (config/vllm.py, "should contain at least one element")
+                raise ValueError("CompilationConfig.cudagraph_capture_sizes is empty: give at least one size, "
+                                 "or None for the default list")
+        if mode.requires_piecewise_compilation() and self.mode != CompilationMode.VLLM_COMPILE:
+            # vLLM quietly falls back to without_piecewise() (config/vllm.py
+            # _normalize_piecewise_cudagraph_mode) because its default mode is piecewise; ours is NONE,
+            # so a piecewise mode here was asked for, and the pieces it needs do not exist
+            raise ValueError(f"CompilationConfig.cudagraph_mode={mode.name} needs mode=VLLM_COMPILE (the pieces "
+                             f"it captures come from splitting the graph), got mode={self.mode.name}; use "
+                             f"{mode.without_piecewise().name} instead")
+        if mode.requires_piecewise_compilation() and not self.splitting_ops:
+            # vLLM's set_splitting_ops_for_v1: with no splitting op there is one piece and no piecewise graph
+            mode = self.cudagraph_mode = CUDAGraphMode.NONE if mode == CUDAGraphMode.PIECEWISE else CUDAGraphMode.FULL
+        if mode == CUDAGraphMode.NONE:  # vLLM: no CUDA graphs, no sizes
+            self.cudagraph_capture_sizes, self.max_cudagraph_capture_size = [], 0
+            return
+        if user_sizes is not None:
+            max_size = sizes[-1]
+            if user_max is not None and user_max != max_size:  # vLLM raises when both are given and disagree
+                raise ValueError(f"CompilationConfig.max_cudagraph_capture_size={user_max} must equal the largest "
+                                 f"of cudagraph_capture_sizes ({max_size}); give one of the two")
+        else:
+            # vLLM's generated list: 1, 2, 4, multiples of 8 below 256, multiples of 16 from 256, capped
+            # at the max size (default 512, vLLM's min(2 * max_num_seqs, 512) without a scheduler) and
+            # at max_num_batched_tokens, which is itself added when it fits
+            max_size = min(n, user_max if user_max is not None else 512)
+            sizes = [s for s in (1, 2, 4) if s <= max_size] + list(range(8, min(max_size + 1, 256), 8)) \
+                + list(range(256, max_size + 1, 16))
+            if n <= max_size:
+                sizes.append(n)
+            sizes = sorted(set(sizes))
+        self.cudagraph_capture_sizes, self.max_cudagraph_capture_size = sizes, sizes[-1]
+
+    def splitting_ops_contain_attention(self) -> bool:
+        return DEFAULT_SPLITTING_OPS[0] in (self.splitting_ops or [])
+
+    def resolve_cudagraph_mode(self, min_cg_support: AttentionCGSupport, backend_name: str = "attention") -> None:
+        """Resolve cudagraph_mode down to what the splitting ops can be captured in, as vLLM's
+        CompilationConfig.resolve_cudagraph_mode_and_sizes does once the model's attention backends
+        are known (called by the model runner, here LM, before the first compile)."""
+        mode = self.cudagraph_mode
+        if mode == CUDAGraphMode.NONE:
+            return
+        if mode.mixed_mode() == CUDAGraphMode.FULL and min_cg_support != AttentionCGSupport.ALWAYS:
+            if min_cg_support == AttentionCGSupport.NEVER:
+                raise ValueError(f"CompilationConfig.cudagraph_mode={mode.name} is not supported by {backend_name} "
+                                 f"(support: {min_cg_support.name}); try cudagraph_mode=PIECEWISE with VLLM_COMPILE")
+            mode = CUDAGraphMode.FULL_AND_PIECEWISE if self.splitting_ops_contain_attention() \
+                else CUDAGraphMode.FULL_DECODE_ONLY
+        if mode.decode_mode() == CUDAGraphMode.FULL and min_cg_support == AttentionCGSupport.NEVER:
+            mode = CUDAGraphMode.PIECEWISE if (self.mode == CompilationMode.VLLM_COMPILE
+                                               and self.splitting_ops_contain_attention()) else CUDAGraphMode.NONE
+        self.cudagraph_mode = mode
+        if mode == CUDAGraphMode.NONE:
+            self.cudagraph_capture_sizes, self.max_cudagraph_capture_size = [], 0
 
     def _check_custom_ops(self) -> None:
         """vLLM's rules: every entry 'all', 'none', '+op' or '-op'; one base mode at most; no op

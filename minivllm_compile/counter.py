@@ -25,6 +25,7 @@ class CompilationCounter:
     num_aot_artifacts_saved: int = 0
     num_aot_artifacts_loaded: int = 0
     stock_torch_compile_count: int = 0
+    num_cudagraph_captured: int = 0  # a graph (or the CPU stand-in's buffers) per wrapper and descriptor
     # this project's own, not in vLLM. vLLM hands a string backend ("inductor") to torch.compile
     # under STOCK_TORCH_COMPILE and DYNAMO_TRACE_ONCE, so none of its counters above sees those
     # traces; and its Inductor adaptor counts a piece identical to an earlier one before finding

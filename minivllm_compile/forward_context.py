@@ -32,6 +32,9 @@ class AttentionMetadata:
     state_indices: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    # the real tokens when the batch is padded to a CUDA-graph size (vLLM's num_actual_tokens);
+    # the padded ones sit after them, with slot PAD_SLOT_ID (-1) and in no sequence
+    num_actual_tokens: int | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -40,6 +43,10 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return self.slot_mapping.shape[0]
+
+    @property
+    def num_real_tokens(self) -> int:
+        return self.num_tokens if self.num_actual_tokens is None else self.num_actual_tokens
 
     @property
     def query_lens(self) -> torch.Tensor:
@@ -61,9 +68,17 @@ class ForwardContext:
     no_compile_layers: dict[str, Any] = field(default_factory=dict)
     # None during a dummy run (vLLM's profile run): the splitting ops then write zeros
     attn_metadata: AttentionMetadata | None = None
+    # what the CUDA-graph wrappers read this step (vLLM's names): the mode the dispatcher picked
+    # and the padded batch's key; the wrappers trust them blindly
+    cudagraph_runtime_mode: Any = None  # config.CUDAGraphMode; None is NONE
+    batch_descriptor: Any = None  # cuda_graph.BatchDescriptor
 
 
 _forward_context: ForwardContext | None = None
+
+
+def is_forward_context_available() -> bool:
+    return _forward_context is not None
 
 
 def get_forward_context() -> ForwardContext:
@@ -77,11 +92,14 @@ def get_forward_context() -> ForwardContext:
 
 @contextmanager
 def set_forward_context(
-    attn_metadata: AttentionMetadata | None, no_compile_layers: dict[str, Any]
+    attn_metadata: AttentionMetadata | None, no_compile_layers: dict[str, Any],
+    cudagraph_runtime_mode: Any = None, batch_descriptor: Any = None,
 ) -> Iterator[ForwardContext]:
     global _forward_context
     prev = _forward_context
-    _forward_context = ForwardContext(no_compile_layers=no_compile_layers, attn_metadata=attn_metadata)
+    _forward_context = ForwardContext(no_compile_layers=no_compile_layers, attn_metadata=attn_metadata,
+                                      cudagraph_runtime_mode=cudagraph_runtime_mode,
+                                      batch_descriptor=batch_descriptor)
     try:
         yield _forward_context
     finally:

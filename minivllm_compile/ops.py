@@ -315,6 +315,7 @@ def unified_attention_with_output(
         query.view(-1, layer.num_heads, hd), layer.kv_cache, md.query_start_loc, md.seq_lens,
         md.block_table, layer.scale)
     output.copy_(out.view_as(output))
+    output[md.num_real_tokens:].zero_()  # CUDA-graph padding: in no sequence, left undefined by the kernel
 
 
 @unified_attention_with_output.register_fake
@@ -342,8 +343,10 @@ def short_conv(hidden_states: Tensor, output: Tensor, layer_name: str) -> None:
     cuda = _use_triton(hidden_states)
     if md.is_decode_only:  # one new token per sequence: roll each state window by one
         update = causal_conv1d.causal_conv1d_update if cuda else causal_conv1d.causal_conv1d_update_ref
-        y = update(bx, layer.conv_state, layer.conv_weight, None, None,
-                   conv_state_indices=md.state_indices)
+        n = md.num_real_tokens  # one token per sequence; CUDA-graph padding after them gets zeros
+        y = torch.zeros_like(bx)
+        y[:n] = update(bx[:n], layer.conv_state, layer.conv_weight, None, None,
+                       conv_state_indices=md.state_indices)
     else:  # prefill (possibly continuing a cached prefix): varlen over packed sequences
         fn = causal_conv1d.causal_conv1d_fn if cuda else causal_conv1d.causal_conv1d_fn_ref
         y = fn(bx.transpose(0, 1).contiguous(), layer.conv_weight, None, layer.conv_state,

@@ -28,7 +28,7 @@ import torch
 import torch._C._dynamo.guards
 
 from minivllm_compile import envs
-from minivllm_compile.config import CompilationMode, DynamicShapesType
+from minivllm_compile.config import CompilationMode, CUDAGraphMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import dynamo_transform_time
 
@@ -195,7 +195,10 @@ class TorchCompileWithNoGuardsWrapper:
             path = Path(dump) / "transformed_code.py"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(decompile(new_code))
-        if "update" in new_code.co_names:  # checked before keeping the code: a retry must not run it
+        # vLLM's condition (compilation/wrapper.py): only a captured graph loses the replayed assignment;
+        # without one, `update` runs each call and the buffer is right. Checked before keeping the code,
+        # so that a retry cannot run it
+        if self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE and "update" in new_code.co_names:
             raise RuntimeError(buffer_mutation_message(self, new_code))
         self._compiled_bytecode = new_code
 

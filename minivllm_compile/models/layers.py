@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
-from minivllm_compile.config import get_current_compilation_config
+from minivllm_compile.config import AttentionCGSupport, get_current_compilation_config
 from minivllm_compile.kernels.rotary_embedding import compute_cos_sin_cache, rotary_embedding_ref
 
 
@@ -108,6 +108,13 @@ class Attention(nn.Module):
             raise ValueError(f"duplicate layer name {layer_name!r}")
         static_forward_context[layer_name] = self
 
+    @staticmethod
+    def cudagraph_support(device: torch.device) -> AttentionCGSupport:
+        """What a FULL graph can hold of this op (vLLM's AttentionCGSupport). On CUDA: NEVER, since
+        its reference kernels read the metadata on the host (.tolist()), which capture forbids; on a
+        CPU the stand-in re-runs the Python each replay, so any batch is seen."""
+        return AttentionCGSupport.NEVER if torch.device(device).type == "cuda" else AttentionCGSupport.ALWAYS
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         output = torch.empty_like(q)
         torch.ops.minivllm.unified_attention_with_output(q, k, v, output, self.layer_name)
@@ -127,6 +134,13 @@ class ShortConv(nn.Module):
         if layer_name in static_forward_context:
             raise ValueError(f"duplicate layer name {layer_name!r}")
         static_forward_context[layer_name] = self
+
+    @staticmethod
+    def cudagraph_support(device: torch.device) -> AttentionCGSupport:
+        """What a FULL graph can hold of this op (vLLM's AttentionCGSupport). On CUDA: NEVER, since
+        its reference kernels read the metadata on the host (.tolist()), which capture forbids; on a
+        CPU the stand-in re-runs the Python each replay, so any batch is seen."""
+        return AttentionCGSupport.NEVER if torch.device(device).type == "cuda" else AttentionCGSupport.ALWAYS
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         output = torch.empty_like(hidden_states)

@@ -7,12 +7,14 @@ their number of tokens, which is exactly what a compiled model must absorb witho
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from minivllm_compile.config import CompilationMode
+from minivllm_compile.config import CompilationMode, CUDAGraphMode
+from minivllm_compile.cuda_graph import CUDAGraphWrapper, CudagraphDispatcher, capture_phase, min_cudagraph_support
 from minivllm_compile.decorators import stock_torch_compile
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig
@@ -33,6 +35,23 @@ class LM:
         self._run_model = model
         if cc is not None and cc.mode == CompilationMode.STOCK_TORCH_COMPILE:
             self._run_model = stock_torch_compile(model, cc)
+        # CUDA graphs are the model runner's job in vLLM: resolved, dispatched and captured here
+        self.cudagraph_dispatcher: CudagraphDispatcher | None = None
+        self._cudagraphs_ready = cc is None or cc.cudagraph_mode == CUDAGraphMode.NONE
+
+    def _init_cudagraphs(self) -> None:
+        """Before the first compile: resolve the mode down to what the splitting ops support (the
+        pieces are wrapped while they compile), build the dispatcher, wrap the forward for FULL."""
+        cc = self.model.compilation_config
+        support, name = min_cudagraph_support(self.model.static_forward_context.values(), self.device)
+        cc.resolve_cudagraph_mode(support, name)
+        self.cudagraph_dispatcher = CudagraphDispatcher(cc)
+        if cc.cudagraph_mode.has_full_cudagraphs():
+            self._run_model = CUDAGraphWrapper(self._run_model, cc, CUDAGraphMode.FULL)
+        # persistent inputs, as vLLM's model runner keeps: a graph reads the buffers it was captured on
+        n = max(cc.max_num_batched_tokens, cc.max_cudagraph_capture_size)
+        self._input_ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        self._positions = torch.zeros(n, dtype=torch.long, device=self.device)
 
     @property
     def device(self) -> torch.device:
@@ -87,10 +106,32 @@ class LM:
     def forward_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
                      attn_metadata: AttentionMetadata | None) -> torch.Tensor:
         """One call of the decoder inside its forward context; returns hidden states."""
-        if getattr(self.model, "compiled", True) is False:
+        if getattr(self.model, "compiled", True) is False or not self._cudagraphs_ready:
             self.warmup()
-        with torch.inference_mode(), set_forward_context(attn_metadata, self.model.static_forward_context):
-            return self._run_model(input_ids, positions)
+        n = input_ids.shape[0]
+        mode, desc = CUDAGraphMode.NONE, None
+        if self.cudagraph_dispatcher is not None:
+            uniform = attn_metadata is not None and attn_metadata.is_decode_only
+            mode, desc = self.cudagraph_dispatcher.dispatch(n, uniform_decode=uniform)
+        if mode != CUDAGraphMode.NONE:
+            input_ids, positions, attn_metadata = self._pad(input_ids, positions, attn_metadata, desc.num_tokens)
+        with torch.inference_mode(), set_forward_context(attn_metadata, self.model.static_forward_context,
+                                                         mode, desc):
+            return self._run_model(input_ids, positions)[:n]
+
+    def _pad(self, input_ids, positions, md, num_padded: int):
+        """The step in the persistent buffers, padded as vLLM's model runner pads: token id 0 and
+        position 0 after the real tokens, slot PAD_SLOT_ID (-1) so that no cache slot is written,
+        and the metadata's sequences covering the real tokens only."""
+        n = input_ids.shape[0]
+        ids, pos = self._input_ids[:num_padded], self._positions[:num_padded]
+        with torch.inference_mode():
+            ids[:n], pos[:n] = input_ids, positions
+            ids[n:], pos[n:] = 0, 0
+        if md is not None:
+            pad = torch.full((num_padded - n,), -1, dtype=md.slot_mapping.dtype, device=md.slot_mapping.device)
+            md = dataclasses.replace(md, slot_mapping=torch.cat([md.slot_mapping, pad]), num_actual_tokens=n)
+        return ids, pos, md
 
     def warmup(self, num_tokens: int | None = None) -> None:
         """Compile now, as vLLM does before serving: one dummy run at max_num_batched_tokens with no
@@ -100,8 +141,26 @@ class LM:
                               self.config.max_position_embeddings)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         pos = torch.arange(n, device=self.device)
+        if not self._cudagraphs_ready:
+            self._init_cudagraphs()
         with torch.inference_mode(), set_forward_context(None, self.model.static_forward_context):
             self._run_model(ids, pos)
+        if not self._cudagraphs_ready:
+            self.capture_model()
+
+    def capture_model(self) -> None:
+        """Capture every graph now, after the warm-up compile (vLLM's capture_model): largest size
+        first, each after one plain run at its size (vLLM's cudagraph_num_of_warmups=1), with dummy
+        inputs and no attention metadata. generate() never captures: the wrappers refuse it."""
+        with torch.inference_mode(), capture_phase():
+            for mode, descs in self.cudagraph_dispatcher.get_capture_descs():
+                for desc in descs:
+                    ids, pos = self._input_ids[:desc.num_tokens], self._positions[:desc.num_tokens]
+                    ids.zero_(), pos.zero_()
+                    for m in (CUDAGraphMode.NONE, mode):
+                        with set_forward_context(None, self.model.static_forward_context, m, desc):
+                            self._run_model(ids, pos)
+        self._cudagraphs_ready = True
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
