@@ -182,7 +182,7 @@ class QkNormRopePattern:
         pm.register_replacement(pattern, replacement, self.get_inputs(), trace_fn, pm_pass)
 
 
-def _rms_norm_eps(graph: fx.Graph) -> set[float]:
+def find_rms_norm_eps(graph: fx.Graph) -> set[float]:
     """The eps of every RMSNorm in the graph, either form: the custom op's argument, or the
     constant in `mean(x**2) + eps`."""
     found = {n.kwargs["eps"] for n in graph.find_nodes(op="call_function", target=auto_functionalized)
@@ -210,7 +210,7 @@ def find_geometries(graph: fx.Graph) -> set[QkNormRopeGeometry]:
                 heads, head_dim = shape[1], shape[2]
                 if heads * head_dim == sizes[0] and sizes[1] % head_dim == 0:
                     shapes.add((heads, sizes[1] // head_dim, head_dim, qkv.dtype))
-    eps = _rms_norm_eps(graph) if shapes else set()
+    eps = find_rms_norm_eps(graph) if shapes else set()
     return {QkNormRopeGeometry(h, kv, d, e, dt) for h, kv, d, dt in shapes for e in eps}
 
 
@@ -245,4 +245,4 @@ class QKNormRoPEFusionPass(VllmPatternMatcherPass):
         # the class alone would miss the patterns and the helpers that trace them
         return VllmInductorPass.hash_source(
             self, QkNormRopePattern, QkNormRopeGeometry, rms_norm_native, rotary_embedding_native,
-            rms_norm_custom, rotary_embedding_custom, _normalise, trace_fn, _rms_norm_eps, find_geometries)
+            rms_norm_custom, rotary_embedding_custom, _normalise, trace_fn, find_rms_norm_eps, find_geometries)

@@ -51,7 +51,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE, static_scaled_fp8_quant_native
-from minivllm_compile.passes.inductor_pass import is_func
+# the eps of every RMSNorm in a graph, either form: the QK-norm pass reads them the same way
+from minivllm_compile.passes.qk_norm_rope_fusion import find_rms_norm_eps
 from minivllm_compile.passes.vllm_inductor_pass import VllmInductorPass, VllmPatternMatcherPass
 
 logger = logging.getLogger(__name__)
@@ -108,17 +109,6 @@ def quant_fp8(custom: bool):
 
 
 # --- what the patterns are registered for, read from the graph ----------------------------------
-
-def find_rms_norm_eps(graph: fx.Graph) -> set[float]:
-    """The eps of every RMSNorm in the graph, either form: the custom op's `eps=` argument, or the
-    constant in `mean(x**2, -1) + eps`."""
-    found = {n.kwargs["eps"] for n in graph.find_nodes(op="call_function", target=auto_functionalized)
-             if n.args[0] in (minivllm.rms_norm.default, minivllm.fused_add_rms_norm.default)}
-    for n in graph.find_nodes(op="call_function", target=aten.add.Tensor):
-        if isinstance(n.args[0], fx.Node) and is_func(n.args[0], aten.mean.dim) and isinstance(n.args[1], float):
-            found.add(n.args[1])
-    return found
-
 
 def find_model_dtypes(graph: fx.Graph) -> set[torch.dtype]:
     """The activation dtypes a pattern may need: those among the graph's inputs."""
