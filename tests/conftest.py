@@ -8,6 +8,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # cache tests (test_caching.py) turn it back on, each in a fresh directory.
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="minivllm_test_cache_"))
 os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
+# Inductor's own FX-graph cache (/tmp/torchinductor_<user> by default) outlives a run too, and a hit
+# skips the post-grad passes: a pass compiled by an earlier run (a notebook, say) would then never
+# run here and report nothing. One fresh directory per run; the notebook kernels inherit it.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="minivllm_test_inductor_"))
 
 import pytest  # noqa: E402  (after the environment above, which must come first)
 
