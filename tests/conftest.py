@@ -13,6 +13,10 @@ os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
 # run here and report nothing. One fresh directory per run; the notebook kernels inherit it.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="minivllm_test_inductor_"))
 
+# The notebooks' exercises grade their reference solutions (minivllm_compile/exercises), so nbval
+# runs every grader; a student's run leaves this unset and grades their own answers.
+os.environ.setdefault("MINIVLLM_SOLUTIONS", "1")
+
 import pytest  # noqa: E402  (after the environment above, which must come first)
 
 
