@@ -53,7 +53,7 @@ def try_load(model) -> bool:
                                     "once without VLLM_FORCE_AOT_LOAD to compile and save it")
         return False
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as f, caching.loading_for(model.compilation_config):
             fn = torch.compiler.load_compiled_function(f, f_globals=model.forward.__globals__)
         source_info = fn.source_info()
         changed = caching.changed_sources(source_info)

@@ -440,6 +440,14 @@ def bench_generate(q: bool) -> dict:
                                        for other in ("eager", "stock")}}
 
 
+# --- 6. CUDA-graph modes (bench_cudagraph.py) ---------------------------------------------------
+
+def bench_cuda_graphs(q: bool) -> dict:
+    from minivllm_compile.bench_cudagraph import bench_cuda_graphs as run
+
+    return run(q, DEVICE, sync, stats)
+
+
 # --- targets and main -----------------------------------------------------------------------------
 
 def targets(r: dict) -> list[dict]:
@@ -475,7 +483,8 @@ def targets(r: dict) -> list[dict]:
 
 
 BENCHES = {"overhead": bench_overhead, "startup": bench_startup, "fix_functionalization": bench_fix_functionalization,
-           "fusion": bench_fusion, "compile_scaling": bench_compile_scaling, "generate": bench_generate}
+           "fusion": bench_fusion, "compile_scaling": bench_compile_scaling, "generate": bench_generate,
+           "cuda_graphs": bench_cuda_graphs}
 NAMES = list(BENCHES)
 
 

@@ -79,4 +79,13 @@ def plot_all(res: dict, out: Path) -> dict[str, str]:
         for ax, key in zip(axes, ("prefill_tok_s", "decode_tok_s")):
             _bars(ax, list(g), [v[key] for v in g.values()], key.replace("_", " "))
         save(fig, "generate")
+    if "modes" in res.get("cuda_graphs", {}):
+        ran = {k: v for k, v in res["cuda_graphs"]["modes"].items() if "step_us" in v}
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 4))
+        _bars(a1, list(ran), [v["step_us"] for v in ran.values()], "decode step µs")
+        a2.bar(range(len(ran)), [v["launches_per_step"]["total"] for v in ran.values()], color="tab:orange")
+        a2.set_xticks(range(len(ran)), list(ran), rotation=30, ha="right", fontsize=8)
+        a2.set_ylabel(next(iter(ran.values()))["launches_per_step"]["what"] if ran else "", fontsize=7)
+        a1.set_title(f"CUDA-graph modes on {res['cuda_graphs']['config']['device']}")
+        save(fig, "cuda_graphs")
     return written

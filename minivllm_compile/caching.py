@@ -50,8 +50,9 @@ import json
 import logging
 import pickle
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
@@ -87,6 +88,21 @@ def model_signature(module: torch.nn.Module) -> str:
 
 
 _SKIP = object()
+
+# The loading model's config (vLLM's get_current_vllm_config() in deserialize_compile_artifacts):
+# a mega load builds its pieces under it, not under the config pickled at save time, since what
+# the key leaves out (cudagraph_mode, capture sizes) may differ between the two processes.
+_loading_config: CompilationConfig | None = None
+
+
+@contextmanager
+def loading_for(compilation_config: CompilationConfig) -> Iterator[None]:
+    global _loading_config
+    prev, _loading_config = _loading_config, compilation_config
+    try:
+        yield
+    finally:
+        _loading_config = prev
 # set by the decorator and the wrapper on the compiled module itself: how it is compiled (the
 # config has its own factor), not what it computes
 _COMPILE_STATE = frozenset({"compilation_config", "do_not_compile", "compiled", "first_compile",
@@ -274,7 +290,7 @@ class VllmSerializableFunction(SerializableCallable):
         for child in gm.children():
             if isinstance(child, fx.GraphModule):
                 child.recompile()
-        cc = pickle.loads(state["config"])
+        cc = _loading_config or pickle.loads(state["config"])
         with cpu_isa.remembered_probe():  # else Inductor's ISA probe is most of the load's time
             _load_pieces(gm, cc, state["pieces"])
         return cls(gm, cc, state["pieces"], None, state["save_format"])

@@ -110,3 +110,20 @@ def test_an_overhead_at_or_below_zero_is_no_pass_and_a_full_run_then_fails():
     assert exit_code({"targets": t, "meta": {"quick": False}}) == 1
     assert exit_code({"targets": t, "meta": {"quick": True}}) == 0  # --quick: figures are meaningless
     assert exit_code({"targets": t[1:], "meta": {"quick": False}}) == 0
+
+
+def test_cuda_graphs_structure(quick):
+    c = quick[0]["cuda_graphs"]
+    assert set(c["modes"]) == {"eager", "vllm_compile_no_graphs", "piecewise", "full", "full_and_piecewise"}
+    for name, row in c["modes"].items():
+        if "refused" in row:  # only on CUDA, where this project's attention cannot be in a FULL graph
+            assert c["config"]["device"] == "cuda" and name == "full"
+            continue
+        assert row["max_abs_diff_vs_eager"] <= 1e-4, name  # every mode computes the same step
+        assert row["launches_per_step"]["total"] > 0 and row["step_us"]["n"] >= 2
+    if c["config"]["device"] == "cpu":  # the CPU stand-in: no launches to save, every mode as asked
+        assert all(row["resolved"] == row["requested"] for row in c["modes"].values())
+        assert "a CPU launches nothing" in c["modes"]["piecewise"]["launches_per_step"]["what"]
+        # eager runs the opaque custom ops; the compiled modes run the traced plain-torch layers
+        eager_ops = c["modes"]["eager"]["launches_per_step"]["by_name"]
+        assert "minivllm::rms_norm" in eager_ops and "aten::rsqrt" not in eager_ops

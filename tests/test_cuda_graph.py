@@ -232,3 +232,51 @@ def test_real_cuda_graph_capture_and_replay():
     assert isinstance(w.concrete_cudagraph_entries[BatchDescriptor(4, 4)].cudagraph, torch.cuda.CUDAGraph)
     x.fill_(5)
     assert _step(w, x) is out and torch.equal(out, torch.full((4,), 10.0, device="cuda"))
+
+
+LOAD_CHILD = r"""
+import json, sys, torch
+from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode, compilation_counter
+from minivllm_compile.models import build_model
+cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=8,
+                       cudagraph_mode=CUDAGraphMode[sys.argv[1]], cudagraph_capture_sizes=[1, 2, 4])
+lm, eager = build_model("llama", num_layers=1, compilation_config=cc), build_model("llama", num_layers=1)
+lm.warmup()
+at_start = vars(compilation_counter).copy()
+diff = 0.0
+for n in range(1, 9):  # 5..8: above the largest capture size, no graph
+    ids = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(n))
+    diff = max(diff, (lm(ids, torch.arange(n)) - eager(ids, torch.arange(n))).abs().max().item())
+print("RESULT " + json.dumps({"at_start": at_start, "captured_later": compilation_counter.num_cudagraph_captured
+                              - at_start["num_cudagraph_captured"], "diff": diff}))
+"""
+
+
+@pytest.mark.parametrize("mega", ["1", "0"])
+def test_an_aot_loaded_model_is_wrapped_and_captured_as_a_compiled_one(mega, tmp_path):
+    """A warm start builds the pieces without running the compiler (mega: from the AOT file; not mega:
+    VllmBackend again over the saved graph): their wrappers must exist there too, capture at start-up
+    and replay the loaded kernels. The cache key leaves cudagraph_mode out (as vLLM's), so an
+    artifact compiled without graphs is loaded under PIECEWISE and wrapped then."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VLLM_DISABLE_COMPILE_CACHE": "0", "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "VLLM_USE_MEGA_AOT_ARTIFACT": mega}
+
+    def run(mode: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", LOAD_CHILD, mode], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+    cold, warm = run("NONE"), run("PIECEWISE")
+    assert cold["at_start"]["num_aot_artifacts_saved"] == 1 and cold["at_start"]["num_cudagraph_captured"] == 0
+    s = warm["at_start"]
+    assert s["num_aot_artifacts_loaded"] == 1 and s["num_inductor_compiles"] == 0  # loaded, not compiled
+    # not mega: the backend runs again over the saved graph, each piece through CompilerManager.compile
+    assert (s["num_graphs_seen"], s["num_backend_compilations"]) == ((0, 0) if mega == "1" else (1, 2))
+    assert s["num_cudagraph_captured"] == 2 * 3  # 1 layer: 2 compiled pieces x capture sizes 1, 2, 4
+    assert warm["captured_later"] == 0 and warm["diff"] <= 1e-4 and cold["diff"] <= 1e-4
