@@ -87,15 +87,16 @@ def all_exercises() -> list[Exercise]:
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
-def check(key: str, answer: Any = TODO) -> bool:
-    """Grade `answer` for exercise `key`: True when right (printed), False when not attempted
-    yet (its hint printed); a wrong answer raises ExerciseFailed saying what is wrong."""
+def check(key: str, answer: Any = TODO) -> None:
+    """Grade `answer` for exercise `key` and print the verdict: right (and why), or not attempted
+    yet (with its hint); a wrong answer raises ExerciseFailed saying what is wrong. Returns None,
+    so the cell that ends with it shows the verdict only."""
     ex = get(key)
     if solutions_enabled():
         answer, whose = ex.solution(), "the reference solution (MINIVLLM_SOLUTIONS=1)"
     elif answer is TODO:
         print(f"exercise {key}, {ex.title}: not attempted yet. Hint: {ex.hint}")
-        return False
+        return
     else:
         whose = "your answer"
     try:
@@ -105,9 +106,8 @@ def check(key: str, answer: Any = TODO) -> bool:
             raise
         print(f"exercise {key}, {ex.title}: not attempted yet (your function still raises "
               f"NotImplementedError). Hint: {ex.hint}")
-        return False
+        return
     print(f"exercise {key}, {ex.title}: {whose} is right. {said}")
-    return True
 
 
 def solution_source(key: str) -> str:
