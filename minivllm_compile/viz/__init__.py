@@ -2,6 +2,7 @@
 their generated code) and draw or tabulate it. The core never imports this package."""
 
 from minivllm_compile.viz.boxes import render_boxes
+from minivllm_compile.viz.diffs import Diff, unified_diff
 from minivllm_compile.viz.graphs import (
     describe,
     draw_graph,
@@ -17,7 +18,7 @@ from minivllm_compile.viz.graphs import (
 from minivllm_compile.viz.kernels import calls_in, kernel_signatures, kernel_sources
 
 __all__ = [
-    "calls_in", "describe", "draw_graph", "graph_table", "kernel_signatures", "kernel_sources",
+    "Diff", "unified_diff", "calls_in", "describe", "draw_graph", "graph_table", "kernel_signatures", "kernel_sources",
     "op_label", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
     "table_text", "to_dot",
 ]

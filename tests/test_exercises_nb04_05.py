@@ -1,0 +1,37 @@
+"""Notebook 04's and 05's graders beyond the one typical wrong answer tests/test_exercises.py tries:
+other wrong answers get messages that name what is wrong, and grading leaves no state behind."""
+
+import os
+
+import pytest
+import torch
+
+from minivllm_compile.exercises import ExerciseFailed, nb04, nb05
+
+
+def test_04_1_a_malformed_answer_says_what_shape_to_give():
+    with pytest.raises(ExerciseFailed, match="one entry per call"):
+        nb04.grade_two_models({"traces": [1, 0]})
+
+
+def test_04_1_explains_a_wrong_entry_and_restores_the_hook_setting(monkeypatch):
+    monkeypatch.delenv("VLLM_USE_BYTECODE_HOOK", raising=False)
+    answer = {"traces": [1, 0, 1, 0, 1, 0], "entered": [True, True, True, True, True, False]}
+    with pytest.raises(ExerciseFailed, match="call 4 .* never enters Dynamo"):
+        nb04.grade_two_models(answer)
+    assert "VLLM_USE_BYTECODE_HOOK" not in os.environ
+
+
+def test_04_2_an_in_place_write_is_allowed():
+    answer = {"rebind": (True, 3), "add_": (True, 3), "+=": (True, 3), "int attribute": (False, 1)}
+    with pytest.raises(ExerciseFailed, match="'add_'.*writes the buffer itself"):
+        nb04.grade_state_changes(answer)
+
+
+def test_05_2_a_swapped_table_computes_something_else_and_the_stock_table_is_untouched():
+    with pytest.raises(ExerciseFailed, match="computes something else"):
+        nb05.grade_teach({1: "peak", 2: "total"})
+    with pytest.raises(ExerciseFailed, match="not written by the op"):
+        nb05.grade_teach({1: "x", 2: "total"})
+    assert nb05.accumulate not in nb05.FixFunctionalizationPass.MUTATED_ARGS
+    assert torch._inductor.config.enable_auto_functionalized_v2 is True  # the patch is undone
