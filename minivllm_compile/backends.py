@@ -171,13 +171,14 @@ class CompilerManager:
         self.is_cache_updated = False
         self.cache_dir: Path | None = None  # set by the backend; None: nothing saved
         self.disable_cache = True
+        self.prefix = ""  # the model tag, in log lines as vLLM's _log_prefix
 
     @property
     def cache_file_path(self) -> Path | None:
         return self.cache_dir / self.INDEX_NAME if self.cache_dir is not None else None
 
     def initialize_cache(self, cache_dir: Path | None, prefix: str) -> None:
-        self.cache_dir = cache_dir
+        self.cache_dir, self.prefix = cache_dir, prefix
         self.disable_cache = cache_dir is None
         if self.use_aot_compile and not self.disable_cache and self.cache_file_path.exists():
             self.cache = self._read_index(self.cache_file_path)
@@ -271,6 +272,12 @@ class CompilerManager:
             artifact_key = f"artifact_compile_range_{caching.range_key(compile_range)}_subgraph_{graph_index}"
             entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
                                   compile_range, graph_index, key=artifact_key)
+            # a progress line per piece and entry that Inductor compiled (vLLM logs one per range
+            # after its last piece); an eager "compile" takes no time and stays at DEBUG
+            logger.log(logging.DEBUG if self.compiler.name == "eager" else logging.INFO,
+                       "%sCompiled piece %d for compile range %s with %s in %.2f s",
+                       f"[{self.prefix}] " if self.prefix else "", graph_index, compile_range,
+                       self.compiler.name, entry.seconds)
             if self.use_aot_compile and not self.disable_cache and entry.handle is not None:
                 self.cache[(compile_range, graph_index, self.compiler.name)] = {
                     "graph_handle": entry.handle, "cache_key": key[0]}

@@ -66,6 +66,14 @@ def _cache_root() -> str:
     return os.path.expanduser(raw or str(Path("~/.cache/minivllm_compile")))
 
 
+def _logging_level() -> str:
+    raw = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").strip().upper()
+    if raw not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"VLLM_LOGGING_LEVEL={os.environ['VLLM_LOGGING_LEVEL']!r} is not a level: set it to "
+                         "DEBUG, INFO, WARNING, ERROR or CRITICAL (or unset it for INFO)")
+    return raw
+
+
 environment_variables: dict[str, Callable[[], Any]] = {
     # dispatch to Dynamo's transformed bytecode directly, skipping Dynamo after the first call
     "VLLM_USE_BYTECODE_HOOK": _bool("VLLM_USE_BYTECODE_HOOK", True),
@@ -87,6 +95,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # this project's own switch (vLLM picks its platform instead): where the tour, the benchmark
     # and the notebooks put their models; "" means the GPU when torch sees one, else the CPU
     "MINIVLLM_DEVICE": _device,
+    # vLLM's logging switches: the package's logger gets its own handlers at this level (logger.py)
+    "VLLM_CONFIGURE_LOGGING": _bool("VLLM_CONFIGURE_LOGGING", True),
+    "VLLM_LOGGING_LEVEL": _logging_level,
 }
 
 
