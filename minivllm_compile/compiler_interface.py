@@ -258,9 +258,13 @@ def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, conf
     # no autotuning at compile time: it would run the kernels
     config = {**(config or {}), "cpu_backend": "triton", "fx_graph_cache": False,
               "triton.autotune_at_compile_time": False}
-    quiet = logging.getLogger("torch._inductor.runtime.triton_heuristics")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # the expected load failure would log a long error
+    # the expected load failure would log a long error, and standalone_compile that it has no
+    # artifact to save (fx_graph_cache is off): both are known here
+    quiet = [logging.getLogger(n) for n in ("torch._inductor.runtime.triton_heuristics",
+                                            "torch._inductor.standalone_compile")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.CRITICAL)
     try:
         with capture_output_code(code), patch("torch.utils._triton.triton_hash_with_backend",
                                               lambda: "codegen-only"), \
@@ -272,7 +276,8 @@ def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, conf
     except Exception:  # loading the module needs a driver: expected without a GPU
         pass
     finally:
-        quiet.setLevel(level)
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
     source = "\n".join(c for c in code if "@triton.jit" in c)
     if not source:
         raise RuntimeError("Inductor produced no Triton source for this graph (is triton installed?)")
