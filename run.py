@@ -4,6 +4,10 @@
     python3 run.py tour     the tour: the trained model generates text, every kernel is checked
     python3 run.py test     the whole test suite, notebooks included (what CI runs)
 
+Where no torch is installed: MINIVLLM_TORCH_SPEC chooses the build (default torch==2.13.0), and
+MINIVLLM_TORCH_INDEX_URL the index it comes from, e.g. https://download.pytorch.org/whl/cpu for
+the CPU build (PyPI's default torch on Linux is the CUDA build, several GB).
+
 Outside a virtual environment they make one in .venv (seeing the system's packages, so a torch
 already installed is reused) and re-run themselves inside it. Only the standard library is used
 until the environment is ready.
@@ -22,7 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 # With no torch at all, take the release this project is tested on; a CPU build of it lies on the
-# project's machines. Override with MINIVLLM_TORCH_SPEC (for instance to a CUDA build's pin).
+# project's machines. Override with MINIVLLM_TORCH_SPEC (for instance to a CUDA build's pin), and
+# with MINIVLLM_TORCH_INDEX_URL the index torch comes from (https://download.pytorch.org/whl/cpu:
+# the CPU build, where PyPI's default on Linux is the CUDA one, several GB).
 TORCH_SPEC = os.environ.get("MINIVLLM_TORCH_SPEC", "torch==2.13.0")
 # Each torch build pins the triton it was built with (read from the CUDA wheels' metadata): by
 # release where a patch release moved it, else by minor version.
@@ -64,9 +70,18 @@ def pip(*args: str) -> None:
     sh(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args)
 
 
+def torch_pip_args() -> list[str]:
+    """What `pip install` gets for torch: the spec, and the index URL when one is set. The URL
+    applies to this one install (torch's own dependencies are on that index too); triton and the
+    package's dependencies still come from the default index."""
+    spec = os.environ.get("MINIVLLM_TORCH_SPEC", TORCH_SPEC)
+    index_url = os.environ.get("MINIVLLM_TORCH_INDEX_URL", "").strip()
+    return [spec, "--index-url", index_url] if index_url else [spec]
+
+
 def ensure_installed() -> None:
     if not has("torch"):
-        pip(TORCH_SPEC)
+        pip(*torch_pip_args())
     if platform.system() == "Linux" and not has("triton"):
         release = subprocess.run(
             [sys.executable, "-c", "import torch; print(torch.__version__.split('+')[0])"],
