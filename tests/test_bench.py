@@ -127,3 +127,9 @@ def test_cuda_graphs_structure(quick):
         # eager runs the opaque custom ops; the compiled modes run the traced plain-torch layers
         eager_ops = c["modes"]["eager"]["launches_per_step"]["by_name"]
         assert "minivllm::rms_norm" in eager_ops and "aten::rsqrt" not in eager_ops
+
+
+def test_the_whole_process_start_up_has_its_own_target():
+    t = targets({"startup": {"aot_speedup_vs_cold": 12.0, "process_speedup_vs_cold": 5.0}})
+    assert [(x["target"], x["pass"]) for x in t] == [("cold compile / AOT load", True),
+                                                    ("cold process / warm (AOT-loading) process", False)]

@@ -16,9 +16,10 @@ from minivllm_compile.viz.graphs import (
     to_dot,
 )
 from minivllm_compile.viz.kernels import calls_in, kernel_signatures, kernel_sources
+from minivllm_compile.viz.pipeline import Stage, draw_pipeline, pipeline_facts
 
 __all__ = [
-    "Diff", "unified_diff", "calls_in", "describe", "draw_graph", "graph_table", "kernel_signatures", "kernel_sources",
-    "op_label", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
-    "table_text", "to_dot",
+    "Diff", "Stage", "calls_in", "describe", "draw_graph", "draw_pipeline", "graph_table", "kernel_signatures",
+    "kernel_sources", "op_label", "pipeline_facts", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
+    "table_text", "to_dot", "unified_diff",
 ]
