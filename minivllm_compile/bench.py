@@ -470,7 +470,7 @@ def targets(r: dict) -> list[dict]:
         check("cold compile / AOT load", r["startup"]["aot_speedup_vs_cold"], ">=", 10.0, "first-call s, fresh processes")
     if "process_speedup_vs_cold" in r.get("startup", {}):
         check("cold process / warm (AOT-loading) process", r["startup"]["process_speedup_vs_cold"], ">=", 8.0,
-              "whole-process wall s, start to exit: imports, build, load or compile, first call")
+              "whole process, s from its spawn to the first logits: imports, build, load or compile, first call")
     if "by_layers" in r.get("compile_scaling", {}):
         c = r["compile_scaling"]
         check(f"compile wall {max(p['layers'] for p in c['by_layers'])} layers / 1 layer",

@@ -1,6 +1,11 @@
-"""Post-grad graph passes run inside Inductor (vLLM's vllm/compilation/passes/)."""
+"""Post-grad graph passes run inside Inductor (vLLM's vllm/compilation/passes/).
 
-from minivllm_compile.passes.act_quant_fusion import ActivationQuantFusionPass
+The fusion passes are imported on first use (PEP 562 __getattr__ below): they import Inductor's
+pattern matcher, which a warm start from the AOT artifact never needs."""
+
+import importlib
+from typing import Any
+
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
 from minivllm_compile.passes.inductor_pass import (
     CallableInductorPass,
@@ -10,8 +15,6 @@ from minivllm_compile.passes.inductor_pass import (
 )
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
 from minivllm_compile.passes.pass_manager import PostGradPassManager, make_pass_manager
-from minivllm_compile.passes.qk_norm_rope_fusion import QKNormRoPEFusionPass
-from minivllm_compile.passes.rms_quant_fusion import RMSNormQuantFusionPass
 from minivllm_compile.passes.vllm_inductor_pass import (
     Records,
     VllmInductorPass,
@@ -23,3 +26,12 @@ __all__ = [
     "NoOpEliminationPass", "PostGradPassManager", "QKNormRoPEFusionPass", "RMSNormQuantFusionPass", "Records", "VllmInductorPass", "VllmPatternMatcherPass",
     "graph_text", "is_func", "make_pass_manager",
 ]
+
+_LAZY = {"ActivationQuantFusionPass": "act_quant_fusion", "QKNormRoPEFusionPass": "qk_norm_rope_fusion",
+         "RMSNormQuantFusionPass": "rms_quant_fusion"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,12 +21,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from minivllm_compile.cache_files import compiler_source_hash
 from minivllm_compile.config import CompilationConfig, PassConfig, Range
-from minivllm_compile.passes.act_quant_fusion import ActivationQuantFusionPass
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
 from minivllm_compile.passes.inductor_pass import CallableInductorPass, InductorPass, graph_text
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
-from minivllm_compile.passes.qk_norm_rope_fusion import QKNormRoPEFusionPass
-from minivllm_compile.passes.rms_quant_fusion import RMSNormQuantFusionPass
 from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
 
 logger = logging.getLogger(__name__)
@@ -44,11 +41,20 @@ class PostGradPassManager(CustomGraphPass):
     def configure(self, pass_config: PassConfig) -> None:
         self.pass_config = pass_config
         self.passes = [NoOpEliminationPass(pass_config)] if pass_config.enable_noop else []
+        # the fusion passes import Inductor's pattern matcher (and with it all of Inductor's
+        # lowerings, about a second): only when one is on, so a warm start, which builds this
+        # manager for its cache key, does not pay for it
         if pass_config.fuse_norm_quant:  # vLLM's order: the quant fusions, then QK-norm + RoPE
+            from minivllm_compile.passes.rms_quant_fusion import RMSNormQuantFusionPass
+
             self.passes.append(RMSNormQuantFusionPass(pass_config))
         if pass_config.fuse_act_quant:
+            from minivllm_compile.passes.act_quant_fusion import ActivationQuantFusionPass
+
             self.passes.append(ActivationQuantFusionPass(pass_config))
         if pass_config.enable_qk_norm_rope_fusion:  # its patterns expect views already folded
+            from minivllm_compile.passes.qk_norm_rope_fusion import QKNormRoPEFusionPass
+
             self.passes.append(QKNormRoPEFusionPass(pass_config))
         self.fix_functionalization = None
         if pass_config.enable_fix_functionalization:
