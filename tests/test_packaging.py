@@ -46,3 +46,16 @@ def test_shipped_checkpoints_are_small_and_have_a_loss_curve():
         assert (folder / "model.safetensors").stat().st_size <= 16 * 2**20
         for f in ("config.json", "loss.png", "training_log.json"):
             assert (folder / f).is_file(), f"{name}/{f}"
+
+
+def test_a_warm_start_does_not_import_the_pattern_matcher():
+    """The cache key builds the pass manager; with the fusion passes off (the default) that must not
+    import Inductor's pattern matcher (and its lowerings): about a second of a warm start."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from minivllm_compile import CompilationConfig, caching; "
+            "caching.passes_uuid(CompilationConfig()); "
+            "print('torch._inductor.pattern_matcher' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
