@@ -1,0 +1,342 @@
+"""Notebook 09's exercises: which factor of the compile cache's key a change moves (computed with
+caching.backend_cache_key and caching.aot_cache_key on real models and configs), and what a cold
+start, a warm start and a warm start without the mega artifact do (counted on real compiles into
+a fresh cache)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from minivllm_compile.exercises import ExerciseFailed, exercise
+
+
+@contextlib.contextmanager
+def _env(**values: str | None) -> Iterator[None]:
+    """Set (a str) or unset (None) the switches, and put every one back afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ---------------------------------------------------------------------------------------------
+# 09.1: which factor of the key covers each change
+
+def user_pass(graph: torch.fx.Graph) -> None:
+    """The user's post-grad pass (inductor_compile_config["post_grad_custom_post_pass"])."""
+    for node in graph.nodes:
+        pass
+
+
+def user_pass_edited(graph: torch.fx.Graph) -> None:
+    """The user's post-grad pass (inductor_compile_config["post_grad_custom_post_pass"])."""
+    for node in graph.nodes:
+        node.meta["seen_by_user_pass"] = True  # the one line edited
+
+
+# label -> why that change moves the factor it moves (or none): the grader computes which one it is
+CHANGES: dict[str, str] = {
+    "compile_sizes=[4, 8]":
+        "a CompilationConfig field that changes what is compiled: CompilationConfig.compute_hash covers it",
+    "cudagraph_mode='PIECEWISE'":
+        "the CUDA-graph fields are in CompilationConfig.HASH_EXCLUDED: they wrap the compiled pieces at load or "
+        "compile time without changing them, so one artifact serves every cudagraph_mode",
+    "rms_norm_eps 1e-05 -> 1e-06 in config.json":
+        "the eps is a plain float an RMSNorm holds; Dynamo bakes it into the graph as a constant, so the key "
+        "hashes every plain value of the module tree (caching.model_constants) as 'constants'",
+    "other weights, same shapes (a fine-tuned checkpoint)":
+        "weights are graph inputs: their names, shapes, dtypes and devices are in 'model', their values in no "
+        "factor, so a fine-tuned checkpoint of the same architecture loads the same kernels",
+    "a comment added to models/llama.py":
+        "every file Dynamo traced is hashed by content in 'traced_files', a comment too; that factor is only in "
+        "the backend key (the AOT key is computed before Dynamo runs, so the AOT load compares the traced "
+        "sources itself, caching.changed_sources)",
+    "the model built under set_model_tag('draft')":
+        "the tag names which compiled part of a model this is, and gets its own folder <hash>/rank_0_0/<tag>",
+    "one line of the user's post-grad pass edited":
+        "a user pass is keyed by its uuid (the hash of its source) in 'passes'; the config's hash leaves "
+        "post_grad_custom_post_pass out (a function's repr carries its address, new in every process)",
+    "torch._inductor.config.max_autotune = True in this process":
+        "Inductor's own settings in this process (not the config's inductor_compile_config) are "
+        "'inductor_config'",
+    "the first call passes input_ids as int32":
+        "the first call's tensors' dtypes, devices, static sizes and contiguity are 'inputs': with the guards "
+        "dropped they are baked into the compiled code",
+}
+
+_KEY_SOLUTION = {
+    "compile_sizes=[4, 8]": "config",
+    "cudagraph_mode='PIECEWISE'": None,
+    "rms_norm_eps 1e-05 -> 1e-06 in config.json": "constants",
+    "other weights, same shapes (a fine-tuned checkpoint)": None,
+    "a comment added to models/llama.py": "traced_files",
+    "the model built under set_model_tag('draft')": "tag",
+    "one line of the user's post-grad pass edited": "passes",
+    "torch._inductor.config.max_autotune = True in this process": "inductor_config",
+    "the first call passes input_ids as int32": "inputs",
+}
+
+
+def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
+    """For each change: the backend-key factors it moves, and whether the AOT key moves; and the
+    backend key's factors."""
+    import minivllm_compile.models.llama as llama_module
+    from minivllm_compile import CompilationConfig, CompilationMode, caching
+    from minivllm_compile.backends import set_model_tag
+    from minivllm_compile.decorators import input_spec
+    from minivllm_compile.models import CHECKPOINTS, load_model
+
+    def config(**kw: Any) -> CompilationConfig:
+        kw.setdefault("compile_sizes", [4])
+        kw.setdefault("inductor_compile_config", {"post_grad_custom_post_pass": user_pass})
+        return CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, **kw)
+
+    tmp = Path(tempfile.mkdtemp(prefix="minivllm_ex09_"))
+    try:
+        checkpoint = tmp / "tiny-llama"  # a copy whose config.json can be edited
+        checkpoint.mkdir()
+        shutil.copy(CHECKPOINTS / "tiny-llama" / "config.json", checkpoint / "config.json")
+        (checkpoint / "model.safetensors").symlink_to(CHECKPOINTS / "tiny-llama" / "model.safetensors")
+        traced = tmp / "llama.py"  # stands in for the traced models/llama.py: the package stays untouched
+        source = Path(llama_module.__file__).read_text()
+        traced.write_text(source)
+        ids = torch.arange(7)
+
+        def keys(lm: Any, cc: CompilationConfig | None = None, first_ids: torch.Tensor = ids) -> tuple[dict, str]:
+            cc = cc or config()
+            cc.traced_files = {str(traced)}  # what the decorator records during the trace
+            spec = input_spec(lm.model, (first_ids, torch.arange(7)), {}, {"input_ids": 0, "positions": 0}, None)
+            factors_of_model = caching.model_factors(lm.model, spec)
+            _, factors = caching.backend_cache_key(cc, "cpu", factors_of_model)
+            return factors, caching.aot_cache_key(lm.model, cc, factors_of_model)[0]
+
+        base = load_model(checkpoint, compilation_config=config())
+        base_factors, base_aot = keys(base)
+        variants: dict[str, Callable[[], tuple[dict, str]]] = {}
+        variants["compile_sizes=[4, 8]"] = lambda: keys(base, config(compile_sizes=[4, 8]))
+        variants["cudagraph_mode='PIECEWISE'"] = lambda: keys(base, config(cudagraph_mode="PIECEWISE"))
+
+        def eps() -> tuple[dict, str]:
+            original = (checkpoint / "config.json").read_text()
+            cfg = json.loads(original)
+            assert cfg["rms_norm_eps"] == 1e-05, cfg["rms_norm_eps"]
+            (checkpoint / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-06}))
+            try:
+                return keys(load_model(checkpoint, compilation_config=config()))
+            finally:
+                (checkpoint / "config.json").write_text(original)
+
+        def weights() -> tuple[dict, str]:
+            tuned = load_model(checkpoint, compilation_config=config())
+            with torch.no_grad():
+                for p in tuned.model.parameters():
+                    p.add_(0.01)
+            return keys(tuned)
+
+        def comment() -> tuple[dict, str]:
+            traced.write_text(source + "\n# a comment\n")
+            try:
+                return keys(base)
+            finally:
+                traced.write_text(source)
+
+        def tag() -> tuple[dict, str]:
+            with set_model_tag("draft"):  # the backend takes the tag when the model is built
+                return keys(load_model(CHECKPOINTS / "tiny-llama", compilation_config=config()))
+
+        def inductor() -> tuple[dict, str]:
+            with torch._inductor.config.patch(max_autotune=True):
+                return keys(base)
+
+        variants["rms_norm_eps 1e-05 -> 1e-06 in config.json"] = eps
+        variants["other weights, same shapes (a fine-tuned checkpoint)"] = weights
+        variants["a comment added to models/llama.py"] = comment
+        variants["the model built under set_model_tag('draft')"] = tag
+        variants["one line of the user's post-grad pass edited"] = lambda: keys(
+            base, config(inductor_compile_config={"post_grad_custom_post_pass": user_pass_edited}))
+        variants["torch._inductor.config.max_autotune = True in this process"] = inductor
+        variants["the first call passes input_ids as int32"] = lambda: keys(base, first_ids=ids.to(torch.int32))
+        truth = {}
+        for label, make in variants.items():
+            factors, aot = make()
+            truth[label] = (sorted(k for k in base_factors if factors[k] != base_factors[k]), aot != base_aot)
+        return {label: truth[label] for label in CHANGES}, set(base_factors)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _factor_of(value: Any, label: str, known: set[str]) -> str | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "same", "")):
+        return None
+    if isinstance(value, (set, list, tuple)) and len(value) == 1:
+        value = next(iter(value))
+    if isinstance(value, str) and value.strip() in known:
+        return value.strip()
+    raise ExerciseFailed(f"{label!r}: give the name of one factor, one of {sorted(known)}, or None for 'the key "
+                         f"stays the same'; got {value!r}")
+
+
+def _grade_keys(answer: Any) -> str:
+    if not isinstance(answer, dict):
+        raise ExerciseFailed(f"give a dict {{change: factor or None}} with one entry per change in "
+                             f"nb09.CHANGES; got {type(answer).__name__}")
+    missing, unknown = [c for c in CHANGES if c not in answer], [c for c in answer if c not in CHANGES]
+    if missing or unknown:
+        raise ExerciseFailed(f"answer one entry per change, labelled as in nb09.CHANGES: missing {missing}, "
+                             f"not a change of this exercise {unknown}")
+    from minivllm_compile import CompilationConfig, caching
+
+    # the factor names, as cache_key_factors.json lists them
+    known = set(caching.backend_cache_key(CompilationConfig(), "cpu", caching.model_factors(torch.nn.Module()))[1])
+    said = {label: _factor_of(answer[label], label, known) for label in CHANGES}
+    truth, names = _key_truth()
+    assert names == known, (names, known)
+    problems = []
+    for label, why in CHANGES.items():
+        said_factor = said[label]
+        moved, _ = truth[label]
+        assert len(moved) <= 1, (label, moved)  # each change of this exercise moves one factor or none
+        real = moved[0] if moved else None
+        if said_factor == real:
+            continue
+        did = f"it moves '{real}'" if real else "the key stays the same: no factor moves"
+        problems.append(f"{label}: you said {said_factor!r}; {did}. Why: {why}")
+    if problems:
+        raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed with caching.backend_cache_key; "
+                             "notebook 09 §4 and §8, the factor table):\n  - " + "\n  - ".join(problems))
+    new_key = [label for label, (moved, _) in truth.items() if moved]
+    aot_blind = [label for label in new_key if not truth[label][1]]
+    assert aot_blind == ["a comment added to models/llama.py"], aot_blind
+    return (f"{len(new_key)} of the {len(CHANGES)} changes give a new backend key, each through one factor; the "
+            f"AOT key moves for all of them but one, {aot_blind[0]!r}: it is computed before Dynamo runs, so it "
+            "cannot know the traced files, and the AOT load checks their sources instead (caching.changed_sources).")
+
+
+@exercise("09.1", "which factor of the cache key covers each change",
+          hint="read what each factor hashes in section 8's table, and CompilationConfig.HASH_EXCLUDED for the "
+               "config fields left out; tell a tensor's shape from its values, and both from a plain Python "
+               "value a module holds",
+          solution=lambda: dict(_KEY_SOLUTION),
+          wrong=lambda: {**_KEY_SOLUTION, "cudagraph_mode='PIECEWISE'": "config",
+                         "one line of the user's post-grad pass edited": "config"},
+          wrong_says="HASH_EXCLUDED")
+def grade_keys(answer: Any) -> str:
+    return _grade_keys(answer)
+
+
+# ---------------------------------------------------------------------------------------------
+# 09.2: cold, warm, and warm without the mega artifact
+
+STARTS = ("cold", "warm", "warm_non_mega")
+COUNTERS = ("num_graphs_seen", "num_backend_compilations", "num_inductor_compiles", "num_aot_artifacts_loaded",
+            "num_compiled_artifacts_loaded")
+LAYERS, SIZES, MAX_TOKENS = 1, [], 16
+
+
+def _starts_truth() -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Four first calls into a fresh cache: cold and warm, then cold and warm with the mega
+    artifact off (its own key: VLLM_USE_MEGA_AOT_ARTIFACT is among the 'envs' factor)."""
+    from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
+    from minivllm_compile.models import build_model
+
+    def first_call(lm: Any) -> dict[str, int]:
+        before = compilation_counter.clone()
+        lm(torch.arange(7) % 200 + 1, torch.arange(7))
+        return {c: getattr(compilation_counter, c) - getattr(before, c) for c in COUNTERS}
+
+    def model() -> Any:
+        cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=SIZES,
+                               max_num_batched_tokens=MAX_TOKENS)
+        return build_model("llama", num_layers=LAYERS, compilation_config=cc)
+
+    root = tempfile.mkdtemp(prefix="minivllm_ex09_cache_")
+    try:
+        with _env(VLLM_CACHE_ROOT=root, VLLM_DISABLE_COMPILE_CACHE="0", VLLM_FORCE_AOT_LOAD=None,
+                  VLLM_USE_AOT_COMPILE=None, VLLM_USE_MEGA_AOT_ARTIFACT=None, VLLM_USE_STANDALONE_COMPILE=None):
+            cold_lm = model()
+            truth = {"cold": first_call(cold_lm), "warm": first_call(model())}
+            with _env(VLLM_USE_MEGA_AOT_ARTIFACT="0"):
+                first_call(model())  # its own cold start
+                truth["warm_non_mega"] = first_call(model())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    backend = cold_lm.model.backend
+    shape = {"pieces": len(backend.piecewise_graphs), "compiled": len(backend.piecewise_backends),
+             "entries": len(backend.piecewise_backends[0].range_entries),
+             "entry_names": ", ".join(map(str, backend.piecewise_backends[0].range_entries))}
+    return truth, shape
+
+
+def _grade_starts(answer: Any) -> str:
+    if not isinstance(answer, dict) or set(answer) != set(STARTS) or not all(
+            isinstance(answer[s], dict) and set(answer[s]) == set(COUNTERS)
+            and all(isinstance(v, int) for v in answer[s].values()) for s in STARTS):
+        raise ExerciseFailed(f"give {{start: {{counter: int}}}} for the starts {list(STARTS)} and, in each, the "
+                             f"counters {list(COUNTERS)}; got {answer!r}")
+    truth, shape = _starts_truth()
+    n = shape["compiled"] * shape["entries"]
+    why = {
+        "cold": (f"nothing to load: Dynamo traces once, the graph splits into {shape['pieces']} pieces of which "
+                 f"{shape['compiled']} are compiled (the attention pieces run eagerly), each for its entries "
+                 f"{shape['entry_names']} (compile_sizes={SIZES}, one entry per size and per range): {n} backend "
+                 f"compilations, {n} Inductor compiles; the AOT file is saved, nothing loaded"),
+        "warm": (f"the mega AOT file holds the stitching graph and all {n} pieces' artifacts: one AOT load, {n} "
+                 "artifacts rebuilt from it, and no Dynamo graph, no backend, no Inductor compile"),
+        "warm_non_mega": (f"without the mega artifact the AOT file holds the Dynamo graph: the load runs VllmBackend "
+                          f"on it (1 graph seen), every piece and entry goes through CompilerManager.compile ({n} "
+                          f"backend compilations), which finds each in its index (vllm_compile_cache.py) and loads "
+                          f"it ({n} artifacts loaded, 0 Inductor compiles)"),
+    }
+    problems = []
+    for s in STARTS:
+        wrong = [f"{c}: you said {answer[s][c]}, it was {truth[s][c]}" for c in COUNTERS if answer[s][c] != truth[s][c]]
+        if wrong:
+            problems.append(f"{s}: " + "; ".join(wrong) + f". Why: {why[s]}")
+    if problems:
+        raise ExerciseFailed("the counters of the four first calls into a fresh cache say otherwise (notebook 09 "
+                             "§1 and §2):\n  - " + "\n  - ".join(problems))
+    return (f"Cold: {n} compiles ({shape['compiled']} compiled pieces x {shape['entries']} entry per piece, "
+            f"{shape['entry_names']}); warm: one AOT "
+            f"load and {n} artifacts, nothing traced; warm without the mega artifact: the backend runs again on "
+            f"the saved graph and loads the same {n} artifacts through its index, compiling none.")
+
+
+@exercise("09.2", "cold, warm, and warm without the mega artifact",
+          hint="count the compiled pieces (not the attention ones) times the entries (sizes + ranges); a warm "
+               "mega load runs no backend; a warm non-mega load runs the backend on the saved Dynamo graph and "
+               "loads what it would compile",
+          solution=lambda: {"cold": {"num_graphs_seen": 1, "num_backend_compilations": 2, "num_inductor_compiles": 2,
+                                     "num_aot_artifacts_loaded": 0, "num_compiled_artifacts_loaded": 0},
+                            "warm": {"num_graphs_seen": 0, "num_backend_compilations": 0, "num_inductor_compiles": 0,
+                                     "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2},
+                            "warm_non_mega": {"num_graphs_seen": 1, "num_backend_compilations": 2,
+                                              "num_inductor_compiles": 0, "num_aot_artifacts_loaded": 1,
+                                              "num_compiled_artifacts_loaded": 2}},
+          wrong=lambda: {"cold": {"num_graphs_seen": 1, "num_backend_compilations": 2, "num_inductor_compiles": 2,
+                                  "num_aot_artifacts_loaded": 0, "num_compiled_artifacts_loaded": 0},
+                         "warm": {"num_graphs_seen": 0, "num_backend_compilations": 0, "num_inductor_compiles": 0,
+                                  "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2},
+                         "warm_non_mega": {"num_graphs_seen": 0, "num_backend_compilations": 0,
+                                           "num_inductor_compiles": 0, "num_aot_artifacts_loaded": 1,
+                                           "num_compiled_artifacts_loaded": 2}},
+          wrong_says="warm_non_mega: num_graphs_seen")
+def grade_starts(answer: Any) -> str:
+    return _grade_starts(answer)
