@@ -4,7 +4,6 @@ makes of a branch and of a slice on num_tokens (03.2). Each grader compiles the 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,21 +18,9 @@ from minivllm_compile import (
     DynamicShapesType,
     support_torch_compile,
 )
-from minivllm_compile.exercises import ExerciseFailed, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise
 
 
-@contextmanager
-def _hook_off() -> Iterator[None]:
-    """evaluate_guards and UNBACKED need VLLM_USE_BYTECODE_HOOK=0 (read at construction and every call)."""
-    saved = os.environ.get("VLLM_USE_BYTECODE_HOOK")
-    os.environ["VLLM_USE_BYTECODE_HOOK"] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["VLLM_USE_BYTECODE_HOOK"]
-        else:
-            os.environ["VLLM_USE_BYTECODE_HOOK"] = saved
 
 
 @contextmanager
@@ -83,7 +70,7 @@ def refusals() -> dict[int, str]:
     """Chunked with evaluate_guards=True, traced at TRACED_AT tokens, then called at each of
     PROBE_SIZES: {size: the guard that refused it}, for the refused sizes only."""
     refused = {}
-    with _hook_off(), _fresh_cache(Chunked):
+    with env(VLLM_USE_BYTECODE_HOOK="0"), _fresh_cache(Chunked):
         model = _compile(Chunked, DynamicShapesType.BACKED, evaluate=True)
         model(torch.ones(TRACED_AT))
         for n in PROBE_SIZES:
@@ -155,7 +142,7 @@ def outcome(cls: type, kind: DynamicShapesType) -> tuple[str, str]:
     """Trace `cls` at FIRST_CALL tokens with `kind` (evaluate_guards where vLLM allows it: not for
     UNBACKED), then call it at 2..15 tokens. Returns (one of OUTCOMES, what was seen)."""
     evaluate = kind != DynamicShapesType.UNBACKED
-    with _hook_off(), _fresh_cache(cls):
+    with env(VLLM_USE_BYTECODE_HOOK="0"), _fresh_cache(cls):
         model = _compile(cls, kind, evaluate)
         try:
             model(torch.ones(FIRST_CALL))

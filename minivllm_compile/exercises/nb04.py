@@ -8,9 +8,6 @@ entries of the notebook's own models."""
 from __future__ import annotations
 
 import inspect
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -22,22 +19,10 @@ from minivllm_compile import (
     compilation_counter,
     support_torch_compile,
 )
-from minivllm_compile.exercises import ExerciseFailed, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise
 from minivllm_compile.monitor import count_dynamo_entries
 
 
-@contextmanager
-def _hook(on: bool) -> Iterator[None]:
-    # VLLM_USE_BYTECODE_HOOK is read at construction and at every call
-    saved = os.environ.get("VLLM_USE_BYTECODE_HOOK")
-    os.environ["VLLM_USE_BYTECODE_HOOK"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["VLLM_USE_BYTECODE_HOOK"]
-        else:
-            os.environ["VLLM_USE_BYTECODE_HOOK"] = saved
 
 
 def _trace_once(**kw: Any) -> CompilationConfig:
@@ -70,16 +55,16 @@ CALLS = (("off", 8), ("off", 3), ("on", 8), ("on", 3), ("off", 5), ("on", 5))
 def run_calls() -> dict[str, Any]:
     """Make CALLS on two fresh Toys; per call: new Dynamo traces, and whether Dynamo was entered."""
     _forget(Toy)
-    with _hook(False):
+    with env(VLLM_USE_BYTECODE_HOOK="0"):
         off = Toy(compilation_config=_trace_once())
-    with _hook(True):
+    with env(VLLM_USE_BYTECODE_HOOK="1"):
         on = Toy(compilation_config=_trace_once())
     models = {"off": off, "on": on}
     traces, entered = [], []
     try:
         for which, n in CALLS:
             before = compilation_counter.num_dynamo_traces
-            with _hook(which == "on"), count_dynamo_entries() as entries:
+            with env(VLLM_USE_BYTECODE_HOOK="1" if which == "on" else "0"), count_dynamo_entries() as entries:
                 models[which](torch.randn(n, 8))
             traces.append(compilation_counter.num_dynamo_traces - before)
             entered.append(entries.count > 0)
@@ -212,7 +197,7 @@ def state_truth() -> dict[str, tuple[bool, int]]:
     """Per variant: (the hook's check refuses it under cudagraph_mode="FULL", `count` after
     CALLS_PER_MODEL calls under cudagraph_mode="NONE"), both with the hook on."""
     truth = {}
-    with _hook(True):
+    with env(VLLM_USE_BYTECODE_HOOK="1"):
         for name, cls in STATE_MODELS.items():
             try:
                 try:

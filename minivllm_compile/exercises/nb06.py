@@ -3,32 +3,17 @@ what adding an op to `splitting_ops` does to the pieces (split_graph)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import fx
 
-from minivllm_compile.exercises import ExerciseFailed, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise
 
 ATTENTION = "minivllm::unified_attention_with_output"
 
 
-@contextlib.contextmanager
-def _no_compile_cache() -> Iterator[None]:
-    """Trace and split afresh (a cached model would load without splitting); restore the switch."""
-    saved = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
-    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
-        else:
-            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = saved
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +107,7 @@ def _split_with(splitting_ops: list[str]):
 
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager", compile_sizes=[4],
                            compile_ranges_endpoints=[8], max_num_batched_tokens=32, splitting_ops=splitting_ops)
-    with _no_compile_cache():
+    with env(VLLM_DISABLE_COMPILE_CACHE="1"):
         lm = build_model("llama", num_layers=L, compilation_config=cc)
         before = compilation_counter.clone()
         n = 10

@@ -4,30 +4,15 @@ compiles a config costs, at start-up and after it."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from minivllm_compile.exercises import ExerciseFailed, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise
 
 L = 1  # one layer: two compiled pieces, cheap to compile
 
 
-@contextlib.contextmanager
-def _no_compile_cache() -> Iterator[None]:
-    """Compile afresh (a cached model would load, and count no compile); restore the switch."""
-    saved = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
-    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
-        else:
-            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = saved
 
 
 def _tokens(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +75,7 @@ def _grade_dispatch(answer: Any) -> str:
 
     from minivllm_compile.models import build_model
 
-    with _no_compile_cache():
+    with env(VLLM_DISABLE_COMPILE_CACHE="1"):
         lm = build_model("llama", num_layers=L, compilation_config=cc)
         lm(*_tokens(10))  # the first call compiles every piece for every entry
     pieces = lm.model.backend.piecewise_backends
@@ -152,7 +137,7 @@ def _grade_compiles(answer: Any) -> str:
                              f"got {answer!r}")
     cc = _config("inductor", compile_sizes=COUNT_SIZES, compile_ranges_endpoints=COUNT_ENDPOINTS,
                  max_num_batched_tokens=COUNT_MAX)
-    with _no_compile_cache():
+    with env(VLLM_DISABLE_COMPILE_CACHE="1"):
         lm = build_model("llama", num_layers=L, compilation_config=cc)
         before = compilation_counter.clone()
         lm(*_tokens(10))

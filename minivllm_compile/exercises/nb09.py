@@ -5,36 +5,17 @@ a fresh cache)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
-from minivllm_compile.exercises import ExerciseFailed, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise
 
 
-@contextlib.contextmanager
-def _env(**values: str | None) -> Iterator[None]:
-    """Set (a str) or unset (None) the switches, and put every one back afterwards."""
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,11 +250,11 @@ def _starts_truth() -> tuple[dict[str, dict[str, int]], dict[str, int]]:
 
     root = tempfile.mkdtemp(prefix="minivllm_ex09_cache_")
     try:
-        with _env(VLLM_CACHE_ROOT=root, VLLM_DISABLE_COMPILE_CACHE="0", VLLM_FORCE_AOT_LOAD=None,
+        with env(VLLM_CACHE_ROOT=root, VLLM_DISABLE_COMPILE_CACHE="0", VLLM_FORCE_AOT_LOAD=None,
                   VLLM_USE_AOT_COMPILE=None, VLLM_USE_MEGA_AOT_ARTIFACT=None, VLLM_USE_STANDALONE_COMPILE=None):
             cold_lm = model()
             truth = {"cold": first_call(cold_lm), "warm": first_call(model())}
-            with _env(VLLM_USE_MEGA_AOT_ARTIFACT="0"):
+            with env(VLLM_USE_MEGA_AOT_ARTIFACT="0"):
                 first_call(model())  # its own cold start
                 truth["warm_non_mega"] = first_call(model())
     finally:

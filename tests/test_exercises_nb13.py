@@ -1,0 +1,75 @@
+"""Notebook 13's graders beyond the solution and the registered wrong answer: the answers students
+typically give get messages that say what is wrong, and a grader leaves no state behind."""
+
+import os
+
+import pytest
+import torch
+from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+from minivllm_compile import exercises
+from minivllm_compile.exercises import ExerciseFailed
+from minivllm_compile.passes import VllmPatternMatcherPass
+
+
+def _fails(key, answer) -> str:
+    with pytest.raises(ExerciseFailed) as failed:
+        exercises.get(key).grade(answer)
+    return str(failed.value)
+
+
+def test_the_prediction_grader_names_the_gate_and_restores_the_switch_and_the_pass_log(monkeypatch):
+    monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE", raising=False)
+    VllmPatternMatcherPass.match_table["SomePass"] = 3
+    try:
+        said = _fails("13.1", {"matches": 2, "calls": 4})  # every range, one per layer
+        assert "you predicted 4 fused_qk_norm_rope calls; the code holds 2" in said
+        assert "Range(9, 16) keep rotary_embedding" in said
+        assert "VLLM_DISABLE_COMPILE_CACHE" not in os.environ
+        assert dict(VllmPatternMatcherPass.match_table) == {"SomePass": 3}
+    finally:
+        VllmPatternMatcherPass.match_table.pop("SomePass", None)
+    assert "answer a dict" in _fails("13.1", 1)
+
+
+def _pattern(x):
+    d = x.shape[-1] // 2
+    return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
+
+
+def _functional(out_like):
+    def replacement(x):
+        res = auto_functionalized(torch.ops.minivllm.silu_and_mul.default, out=out_like(x), input=x)
+        return res
+
+    return replacement
+
+
+def test_a_wrong_replacement_is_caught_before_anything_compiles():
+    half = lambda x: torch.empty(x.shape[:-1] + (x.shape[-1] // 2,))
+    said = _fails("13.2", (_pattern, _functional(torch.empty_like)))
+    assert "`out` has shape (5, 16)" in said and "(5, 8)" in said
+    assert "the written `out` is res[1]" in _fails("13.2", (_pattern, _functional(half)))
+    swapped = lambda x: _pattern(x.flip(-1))  # gate and up the other way round
+    assert "your pattern is not SiluAndMul" in _fails("13.2", (swapped, _functional(half)))
+
+
+def test_a_pattern_in_the_custom_op_form_is_told_what_the_plain_torch_graph_holds():
+    half = lambda x: torch.empty(x.shape[:-1] + (x.shape[-1] // 2,))
+
+    def custom(x):
+        return _functional(half)(x)[1]
+
+    said = _fails("13.2", (custom, custom))
+    assert "matched 0 times" in said and "auto_functionalized(silu_and_mul" in said
+    assert "slice, neg, exp, add, div, slice, mul" in said
+
+
+def test_a_starter_is_not_attempted(monkeypatch, capsys):
+    monkeypatch.setenv("MINIVLLM_SOLUTIONS", "0")
+
+    def todo(x):
+        raise NotImplementedError
+
+    exercises.check("13.2", (todo, todo))
+    assert "not attempted yet (your function still raises NotImplementedError)" in capsys.readouterr().out
