@@ -17,9 +17,23 @@ from minivllm_compile.viz.graphs import (
 )
 from minivllm_compile.viz.kernels import calls_in, kernel_signatures, kernel_sources
 from minivllm_compile.viz.pipeline import Stage, draw_pipeline, pipeline_facts
+from minivllm_compile.viz.plots import (
+    draw_conv_states,
+    draw_rewrite,
+    draw_timeline,
+    plot_call_times,
+    plot_dispatch_counts,
+    plot_modes,
+    plot_pass_effect,
+    timeline_colour,
+    timeline_label,
+)
 
 __all__ = [
     "Diff", "Stage", "calls_in", "describe", "draw_graph", "draw_pipeline", "graph_table", "kernel_signatures",
     "kernel_sources", "op_label", "pipeline_facts", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
     "table_text", "to_dot", "unified_diff",
+    # notebook plots (viz/plots.py)
+    "draw_conv_states", "draw_rewrite", "draw_timeline", "plot_call_times", "plot_dispatch_counts", "plot_modes",
+    "plot_pass_effect", "timeline_colour", "timeline_label",
 ]
