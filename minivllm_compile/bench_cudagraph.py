@@ -28,6 +28,8 @@ MODES = {"eager": None, "vllm_compile_no_graphs": CUDAGraphMode.NONE, "piecewise
 def launches_per_step(step, device: str) -> dict:
     """Profile one call of `step`: on CUDA the launch calls by name; on a CPU the operator calls at
     the top of the profile (no parent operator), by name."""
+    # Kineto reads this at its first profile: above its info level, no "profiler_start" lines
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
