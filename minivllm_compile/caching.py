@@ -103,6 +103,8 @@ def loading_for(compilation_config: CompilationConfig) -> Iterator[None]:
         yield
     finally:
         _loading_config = prev
+
+
 # set by the decorator and the wrapper on the compiled module itself: how it is compiled (the
 # config has its own factor), not what it computes
 _COMPILE_STATE = frozenset({"compilation_config", "do_not_compile", "compiled", "first_compile",

@@ -47,8 +47,9 @@ t2 = time.perf_counter()
 from torch._dynamo.utils import counters
 hits = {**{k: counters["inductor"][k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")},
         **{k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}}
-print("RESULT " + json.dumps({"first_call_s": t2 - t1, "done_at": time.time(), "import_build_s": t1 - t0, "inductor_cache": hits,
-                              "counters": vars(compilation_counter), "checksum": float(out.double().sum())}))
+print("RESULT " + json.dumps({"first_call_s": t2 - t1, "done_at": time.time(), "import_build_s": t1 - t0,
+                              "inductor_cache": hits, "counters": vars(compilation_counter),
+                              "checksum": float(out.double().sum())}))
 """
 
 
