@@ -14,6 +14,7 @@ import ast
 import dis
 import inspect
 import io
+import logging
 import os
 import sys
 import textwrap
@@ -31,6 +32,8 @@ from minivllm_compile import envs
 from minivllm_compile.config import CompilationMode, CUDAGraphMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import dynamo_transform_time
+
+logger = logging.getLogger("minivllm_compile")
 
 
 @dataclass
@@ -66,12 +69,22 @@ class WholeGraphBackend:
     Dynamo graph for inspection, then hand it whole to Inductor (or run it eagerly).
     VLLM_COMPILE uses backends.VllmBackend instead."""
 
-    def __init__(self, backend: str, inductor_config: dict):
+    def __init__(self, backend: str, inductor_config: dict, trace_once: bool = False):
         self.backend, self.inductor_config = backend, inductor_config
+        self.trace_once = trace_once  # DYNAMO_TRACE_ONCE (STOCK recompiles as torch.compile does)
         self.graphs: list[torch.fx.GraphModule] = []  # one per Dynamo trace (recompiles add more)
         self.dynamo_time_s: float | None = None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        if self.trace_once and self.graphs:
+            # with the guards dropped, Dynamo traces again only when the cache entry is gone: another
+            # instance of the class with the hook on ran remove_from_cache on the shared forward code
+            # (its first call). This trace is no first call, so nothing marked the dims dynamic: its
+            # graph is static, and nothing stops it serving every size (notebook 04, exercise 04.1)
+            logger.warning("DYNAMO_TRACE_ONCE traced this model again (trace %d): its cache entry was dropped, "
+                           "most likely by an instance of the same class with VLLM_USE_BYTECODE_HOOK=1; this "
+                           "graph has static shapes and will serve every size. Use one VLLM_USE_BYTECODE_HOOK "
+                           "setting per process for a model class, as vLLM does", len(self.graphs) + 1)
         self.dynamo_time_s = dynamo_transform_time()
         self.graphs.append(gm)
         # vLLM passes the backend's name to torch.compile in these modes: none of its counters
@@ -110,7 +123,7 @@ class TorchCompileWithNoGuardsWrapper:
 
             self.backend = backend = VllmBackend(cc)
         else:
-            self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)
+            self.backend = backend = WholeGraphBackend(cc.backend, inductor_config, trace_once=True)
         if envs.VLLM_USE_AOT_COMPILE:
             # as vLLM does: torch.compile(...) only grows .aot_compile under this flag, which torch
             # 2.11 leaves off (2.13 turns it on by default)

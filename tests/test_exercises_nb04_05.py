@@ -35,3 +35,15 @@ def test_05_2_a_swapped_table_computes_something_else_and_the_stock_table_is_unt
         nb05.grade_teach({1: "x", 2: "total"})
     assert nb05.accumulate not in nb05.FixFunctionalizationPass.MUTATED_ARGS
     assert torch._inductor.config.enable_auto_functionalized_v2 is True  # the patch is undone
+
+
+def test_the_static_retrace_exercise_04_1_teaches_is_also_warned_about(caplog):
+    import logging
+
+    from minivllm_compile.exercises import nb04
+
+    with caplog.at_level(logging.WARNING, logger="minivllm_compile"):
+        truth = nb04.run_calls()
+    assert truth["traces"][4] == 1 and truth["static_retrace"]  # call 5: the hook-off model traces again
+    warned = [r.getMessage() for r in caplog.records if "traced this model again" in r.getMessage()]
+    assert len(warned) == 1 and "static shapes" in warned[0] and "VLLM_USE_BYTECODE_HOOK" in warned[0]

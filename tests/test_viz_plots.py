@@ -157,3 +157,14 @@ def test_modes_two_panels():
     assert right.get_xlim()[1] == pytest.approx(25.0)
     assert fig._suptitle.get_text() == "tiny-llama"
     assert [t.get_text() for t in left.get_legend().get_texts()] == ["decode: 4 seqs x 1 token", "prefill: 32 tokens"]
+
+
+def test_plot_startups_one_labelled_bar_per_start_in_order():
+    from minivllm_compile.viz.plots import plot_startups
+
+    fig = plot_startups({"cold": 12.0, "aot_load": 1.0}, {"cold": "cold", "aot_load": "AOT load"}, title="t")
+    ax = fig.axes[0]
+    assert [b.get_width() for b in ax.patches] == [12.0, 1.0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["cold", "AOT load"]
+    assert [t.get_text() for t in ax.texts] == ["12.0 s", "1.0 s"] and ax.get_title() == "t"
+

@@ -25,6 +25,7 @@ from minivllm_compile.viz.plots import (
     plot_dispatch_counts,
     plot_modes,
     plot_pass_effect,
+    plot_startups,
     timeline_colour,
     timeline_label,
 )
@@ -35,5 +36,5 @@ __all__ = [
     "table_text", "to_dot", "unified_diff",
     # notebook plots (viz/plots.py)
     "draw_conv_states", "draw_rewrite", "draw_timeline", "plot_call_times", "plot_dispatch_counts", "plot_modes",
-    "plot_pass_effect", "timeline_colour", "timeline_label",
+    "plot_pass_effect", "plot_startups", "timeline_colour", "timeline_label",
 ]

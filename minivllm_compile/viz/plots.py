@@ -307,6 +307,29 @@ def draw_conv_states(states: Sequence[Mapping[str, Any]], *, windows: Sequence[t
     return fig
 
 
+# --- notebook 09: cold, warm and AOT-load starts ------------------------------------------------
+
+START_COLOURS = ("#c44e52", "#dd8452", "#8172b3", "#55a868")
+
+
+def plot_startups(seconds: Mapping[str, float], labels: Mapping[str, str], *, title: str = "",
+                  xlabel: str = "first call of a fresh process (s)", ax: Any = None) -> Figure:
+    """One horizontal bar per start (top down, in `labels`' order), labelled with its seconds.
+
+    seconds: {start: s} (startup.startup_times' median_s); labels: {start: the bar's label}."""
+    ax = _axes(ax, (6, 3.2), dpi=80)
+    keys = list(labels)
+    bars = ax.barh([labels[k] for k in keys], [seconds[k] for k in keys],
+                   color=[START_COLOURS[i % len(START_COLOURS)] for i in range(len(keys))])
+    ax.bar_label(bars, fmt="%.1f s", padding=3)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_xlim(0, max(seconds[k] for k in keys) * 1.25)
+    ax.set_title(title)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
 # --- notebook 12: the capstone's modes side by side ----------------------------------------------
 
 STEP_SHAPES = {"decode": ("decode: 4 seqs x 1 token", "#4c72b0"), "prefill": ("prefill: 32 tokens", "#dd8452")}
