@@ -26,13 +26,13 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, compilation_counter
 from minivllm_compile.envs import default_device
+from minivllm_compile.envs import override as env
 from minivllm_compile.forward_context import set_forward_context
 
 M = CompilationMode
@@ -44,19 +44,6 @@ def stats(xs: list[float]) -> dict:
     xs = sorted(xs)
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
     return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q[0], "q3": q[2], "n": len(xs)}
-
-
-@contextmanager
-def env(**kv: str | None):
-    """Set (or, with None, unset) environment switches; envs.py reads them at each access."""
-    old = {k: os.environ.get(k) for k in kv}
-    for k, v in kv.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def sync() -> None:

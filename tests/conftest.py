@@ -17,7 +17,22 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="minivl
 # runs every grader; a student's run leaves this unset and grades their own answers.
 os.environ.setdefault("MINIVLLM_SOLUTIONS", "1")
 
+import logging  # noqa: E402
+
 import pytest  # noqa: E402  (after the environment above, which must come first)
+
+
+@pytest.fixture
+def compile_every_time(monkeypatch):
+    """For the pass tests: nothing loaded from the compile cache, so every entry compiles and its
+    post-grad passes run (their configs also turn the FX graph cache off). With that cache off,
+    standalone_compile warns that it has no artifact to save: expected, so quieted here."""
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    logger = logging.getLogger("torch._inductor.standalone_compile")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ the custom ops ("all") and with their plain-torch forms ("none")."""
 
 from __future__ import annotations
 
-import logging
 import re
 
 import pytest
@@ -22,15 +21,7 @@ ATOL = RTOL = 1e-5
 SIZES, ENDPOINTS, MAX = [4], [8], 16  # entries: size 4, Range(1, 8), Range(9, 16)
 
 
-@pytest.fixture(autouse=True)
-def _compile_every_time(monkeypatch):
-    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
-    # with the FX graph cache off, standalone_compile has no artifact to save and warns about it
-    logger = logging.getLogger("torch._inductor.standalone_compile")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("compile_every_time")
 
 
 def _cfg(custom_ops="all", fusion=True, max_token_num=None, **kw) -> CompilationConfig:

@@ -9,7 +9,6 @@ quant reads a piece input)."""
 
 from __future__ import annotations
 
-import logging
 import operator
 import re
 from collections import Counter
@@ -45,15 +44,7 @@ TOKENS = (32, 1, 4, 7)  # the size, both ends of the range and a point inside it
 TOL = {torch.float32: {"atol": 1e-4, "rtol": 1e-4}, torch.bfloat16: {"atol": 0.25, "rtol": 0.05}}
 
 
-@pytest.fixture(autouse=True)
-def _compile_every_time(monkeypatch):
-    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
-    # with the FX graph cache off, standalone_compile has no artifact to save and warns about it
-    logger = logging.getLogger("torch._inductor.standalone_compile")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("compile_every_time")
 
 
 # --- what feeds each quant, read off the live graph --------------------------------------------

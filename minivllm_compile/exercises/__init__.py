@@ -18,13 +18,13 @@ and every registered wrong answer (fails, with its message).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from minivllm_compile.envs import override as env  # noqa: F401  (the graders set switches with it)
 
 TODO = ...  # what a starter cell leaves in place of an answer
 
@@ -63,26 +63,6 @@ def exercise(key: str, title: str, *, hint: str, solution: Callable[[], Any], wr
         return grade
 
     return register
-
-
-@contextlib.contextmanager
-def env(**values: str | None) -> Iterator[None]:
-    """Set (a str) or unset (None) environment switches while a grader runs, and put every one
-    back afterwards: a grader must leave the notebook's process as it found it."""
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def solutions_enabled() -> bool:
