@@ -144,7 +144,7 @@ class Range:
 class PassConfig:
     # ours, to measure it: vLLM always runs FixFunctionalizationPass
     enable_fix_functionalization: bool = True
-    enable_noop: bool = True  # remove no-op reshapes/slices before the other passes
+    eliminate_noops: bool = True  # remove no-op reshapes/slices before the other passes
     # vLLM's names and defaults (off): rms_norm (+ residual add) + static FP8 quant -> one op
     # (RMSNormQuantFusionPass), silu_and_mul + static FP8 quant -> silu_and_mul_quant
     # (ActivationQuantFusionPass), q/k RMSNorm + RoPE -> fused_qk_norm_rope (QKNormRoPEFusionPass)
@@ -242,8 +242,11 @@ class CompilationConfig:
                 try:
                     value = cls(**value)
                 except TypeError as e:  # an unknown key
-                    raise ValueError(f"CompilationConfig.{name}: {e}; its fields are "
-                                     f"{[f.name for f in fields(cls)]}") from None
+                    names = [f.name for f in fields(cls)]
+                    hints = [f"did you mean {m[0]!r} for {k!r}? " for k in value if k not in names
+                             for m in [difflib.get_close_matches(str(k), names, n=1)] if m]
+                    raise ValueError(f"CompilationConfig.{name}: {e}; {''.join(hints)}its fields are "
+                                     f"{names}") from None
                 setattr(self, name, value)
             elif not isinstance(value, cls):
                 raise ValueError(f"CompilationConfig.{name} must be a {cls.__name__} (or a dict of its "

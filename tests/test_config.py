@@ -39,7 +39,9 @@ def test_modes_are_vllms_int_enum():
     # accepted once, then failing late or reinterpreted
     (dict(pass_config=None), "pass_config must be a PassConfig"),
     (dict(pass_config=dict(enable_nop=False)), r"pass_config: .*enable_nop.*its fields are"),
-    (dict(pass_config=dict(enable_noop="no")), "PassConfig.enable_noop must be True or False, got 'no'"),
+    # this project's old name for vLLM's eliminate_noops
+    (dict(pass_config=dict(enable_noop=False)), r"did you mean 'eliminate_noops' for 'enable_noop'\?"),
+    (dict(pass_config=dict(eliminate_noops="no")), "PassConfig.eliminate_noops must be True or False, got 'no'"),
     (dict(pass_config=dict(enable_fix_functionalization=0)), "enable_fix_functionalization must be True or False"),
     (dict(dynamic_shapes_config="backed"), "dynamic_shapes_config must be a DynamicShapesConfig"),
     (dict(cache_dir=123), "cache_dir must be a path"),
@@ -152,7 +154,7 @@ def test_the_values_those_refusals_spare_still_construct():
     assert CompilationConfig(mode=CompilationMode.NONE, max_num_batched_tokens=1).max_num_batched_tokens == 1
     unbacked = DynamicShapesConfig(type=DynamicShapesType.UNBACKED)
     assert CompilationConfig(max_num_batched_tokens=1, dynamic_shapes_config=unbacked)
-    assert CompilationConfig(pass_config={"enable_noop": False}).pass_config.enable_noop is False
+    assert CompilationConfig(pass_config={"eliminate_noops": False}).pass_config.eliminate_noops is False
     assert CompilationConfig(cache_dir=Path("/tmp/x")).cache_dir == "/tmp/x"
     assert CompilationConfig(compile_sizes=(8, 4)).compile_sizes == [4, 8]
     assert CompilationConfig(custom_ops=["none", "+rms_norm", "-silu_and_mul"]).custom_op_enabled("rms_norm")

@@ -340,7 +340,7 @@ def test_manager_order_records_and_range_filter():
     assert gm.ran
     with pytest.raises(TypeError, match="neither a CustomGraphPass"):
         mgr.add(42)
-    assert [type(p).__name__ for p in _manager(enable_noop=False, enable_fix_functionalization=False)
+    assert [type(p).__name__ for p in _manager(eliminate_noops=False, enable_fix_functionalization=False)
             .all_passes()] == []
 
 
@@ -348,7 +348,7 @@ def test_manager_uuid_depends_on_pass_config_compile_range_and_passes():
     base = _manager().uuid()
     assert base == _manager().uuid()  # deterministic, so Inductor's cache can hit
     assert _manager(enable_fix_functionalization=False).uuid() != base
-    assert _manager(enable_noop=False).uuid() != base
+    assert _manager(eliminate_noops=False).uuid() != base
     other_range = _manager()
     other_range.set_compile_range(Range(1, 8))
     assert other_range.uuid() != base

@@ -40,7 +40,7 @@ class PostGradPassManager(CustomGraphPass):
 
     def configure(self, pass_config: PassConfig) -> None:
         self.pass_config = pass_config
-        self.passes = [NoOpEliminationPass(pass_config)] if pass_config.enable_noop else []
+        self.passes = [NoOpEliminationPass(pass_config)] if pass_config.eliminate_noops else []
         # the fusion passes import Inductor's pattern matcher (and with it all of Inductor's
         # lowerings, about a second): only when one is on, so a warm start, which builds this
         # manager for its cache key, does not pay for it
