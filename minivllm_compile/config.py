@@ -8,6 +8,7 @@ import enum
 import functools
 import hashlib
 import json
+import logging
 import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -119,6 +120,13 @@ class DynamicShapesConfig:
                              "add no shape guards to evaluate; use BACKED to look for specialisations")
 
 
+@functools.cache
+def _warn_torch_compile_disable(mode: str) -> None:
+    logging.getLogger("minivllm_compile").warning(
+        "TORCH_COMPILE_DISABLE is set, disabling torch.compile: mode=%s becomes mode=NONE "
+        "(vLLM says the same, as -cc.mode=none)", mode)
+
+
 @dataclass(frozen=True)
 class Range:
     """An inclusive range of num_tokens, [start, end]."""
@@ -214,6 +222,11 @@ class CompilationConfig:
         except ValueError:
             raise ValueError(f"CompilationConfig.mode={self.mode!r} is not one of "
                              f"{[f'{m.name}={m.value}' for m in CompilationMode]}") from None
+        if os.environ.get("TORCH_COMPILE_DISABLE") == "1" and self.mode != CompilationMode.NONE:
+            # vLLM (VllmConfig.__post_init__): torch's own switch turns compilation off as mode=NONE,
+            # so the model runs eagerly instead of meeting a torch.compile that does nothing
+            _warn_torch_compile_disable(self.mode.name)
+            self.mode = CompilationMode.NONE
         if self.compile_cache_save_format not in ("binary", "unpacked"):
             raise ValueError(f"CompilationConfig.compile_cache_save_format={self.compile_cache_save_format!r}: "
                              "use 'binary' or 'unpacked'")
@@ -310,8 +323,9 @@ class CompilationConfig:
             # vLLM quietly falls back to without_piecewise() (config/vllm.py
             # _normalize_piecewise_cudagraph_mode) because its default mode is piecewise; ours is NONE,
             # so a piecewise mode here was asked for, and the pieces it needs do not exist
+            why = " (TORCH_COMPILE_DISABLE=1 set it)" if os.environ.get("TORCH_COMPILE_DISABLE") == "1" else ""
             raise ValueError(f"CompilationConfig.cudagraph_mode={mode.name} needs mode=VLLM_COMPILE (the pieces "
-                             f"it captures come from splitting the graph), got mode={self.mode.name}; use "
+                             f"it captures come from splitting the graph), got mode={self.mode.name}{why}; use "
                              f"{mode.without_piecewise().name} instead")
         if mode.requires_piecewise_compilation() and not self.splitting_ops:
             # vLLM's set_splitting_ops_for_v1: with no splitting op there is one piece and no piecewise graph

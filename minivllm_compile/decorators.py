@@ -273,8 +273,11 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
                     # only binds the call's arguments again, every call (~20 us here). vLLM
                     # leaves the check on for a fresh compile and turns it off for a loaded one.
                     self.aot_compiled_fn.disable_guard_check()
-                output = self.aot_compiled_fn(self, *args, **kwargs)
+                # vLLM saves here, before the first run: every piece is compiled by now (the
+                # backend compiles all sizes and ranges up front), and a crash in the warm-up run
+                # still leaves the next start something to load
                 aot.save(self)
+                output = self.aot_compiled_fn(self, *args, **kwargs)
             else:
                 output = TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
         self.compiled = True

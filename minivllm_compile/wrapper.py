@@ -51,17 +51,11 @@ def _keep_shape_env_guards(entries) -> list[bool]:
 
 @contextmanager
 def _compilation_context():
-    """As vLLM around a call that goes through Dynamo: room for recompiles (each new backend
-    instance may cause one), and no GLOBAL_STATE / TORCH_FUNCTION_MODE_STACK guards at all."""
-    gm = torch._C._dynamo.guards.GuardManager
-    saved = (gm.add_global_state_guard, gm.add_torch_function_mode_stack_guard)
+    """As vLLM's (wrapper.py) around a call that goes through Dynamo: room for recompiles (each new
+    backend instance may cause one). Nothing else: the GLOBAL_STATE and TORCH_FUNCTION_STATE guards
+    go with the rest, through the guard_filter_fn (which keeps only SHAPE_ENV, or nothing)."""
     with torch._dynamo.config.patch(cache_size_limit=2048, accumulated_cache_size_limit=8192):
-        gm.add_global_state_guard = lambda self, *a, **k: None
-        gm.add_torch_function_mode_stack_guard = lambda self, *a, **k: None
-        try:
-            yield
-        finally:
-            gm.add_global_state_guard, gm.add_torch_function_mode_stack_guard = saved
+        yield
 
 
 class WholeGraphBackend:

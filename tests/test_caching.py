@@ -314,6 +314,39 @@ def test_disable_compile_cache_saves_nothing(tmp_path, monkeypatch):
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
 
 
+def test_the_aot_artifact_is_saved_before_the_first_run(tmp_path, monkeypatch):
+    """As vLLM's decorator (save_aot_compiled_function right after aot_compile): every piece is
+    compiled by then, and a warm-up run that fails still leaves the next start an artifact."""
+    from minivllm_compile import aot
+    from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    events = []
+
+    class FailingFirstRun:  # the compiled function, whose first run crashes
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __call__(self, *args, **kwargs):
+            events.append("run")
+            raise RuntimeError("warm-up run failed")
+
+        def __getattr__(self, name):
+            return getattr(self.fn, name)
+
+    real_compile, real_save = TorchCompileWithNoGuardsWrapper.aot_compile, aot.save
+    monkeypatch.setattr(TorchCompileWithNoGuardsWrapper, "aot_compile",
+                        lambda self, *a, **k: FailingFirstRun(real_compile(self, *a, **k)))
+    monkeypatch.setattr(aot, "save", lambda model: (events.append("save"), real_save(model)))
+    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    with pytest.raises(RuntimeError, match="warm-up run failed"):
+        lm(torch.arange(5), torch.arange(5))
+    assert events == ["save", "run"]
+    assert list(tmp_path.glob("torch_compile_cache/torch_aot_compile/*/rank_0_0/model"))
+
+
 def test_disable_compile_cache_with_aot_asked_for_saves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")

@@ -147,6 +147,41 @@ def test_a_mutated_graph_input_is_written_in_place_and_its_write_back_erased():
         torch.testing.assert_close(res, r_eager)  # the caller sees the residual written
 
 
+@torch.library.custom_op("minivllm_test::scale_and_sum", mutates_args=("x",))
+def scale_and_sum(x: torch.Tensor, s: float) -> torch.Tensor:
+    """Mutates `x` and returns a value too: auto_functionalized's res[0] is that value."""
+    x.mul_(s)
+    return x.sum(-1)
+
+
+@scale_and_sum.register_fake
+def _(x, s):
+    return x.new_empty(x.shape[:-1])
+
+
+def test_an_op_that_returns_a_value_and_mutates_is_rewritten_too(monkeypatch):
+    """vLLM's insert_defunctionalized points getitem[0] at the direct call (it used to be an
+    AssertionError here)."""
+    op = torch.ops.minivllm_test.scale_and_sum.default
+    monkeypatch.setitem(FixFunctionalizationPass.MUTATED_ARGS, op, {1: "x"})
+
+    def fn(h):
+        x = h * 2
+        total = torch.ops.minivllm_test.scale_and_sum(x, 3.0)
+        return x + 1, total * 2
+
+    h = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
+    fix = FixFunctionalizationPass()
+    (out, total), graph = _aot(fn, (h,), [fix])
+    assert fix.defunctionalized == {"minivllm_test::scale_and_sum": 1}
+    assert not [n for n in graph.nodes if n.target is auto_functionalized]
+    (call,) = [n for n in graph.nodes if n.target is op]
+    assert any(u.target is torch.ops.aten.mul.Tensor for u in call.users)  # total * 2 reads the call
+    ref_out, ref_total = fn(h)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(total, ref_total)
+
+
 # --- chains of in-place ops on one buffer, through VLLM_COMPILE -------------------------------
 
 @support_torch_compile

@@ -355,3 +355,60 @@ def test_evaluate_guards_under_vllm_compile_lets_one_token_through(hook_off, mon
     else:
         with pytest.raises(RuntimeError, match="recompile"):
             m(x)
+
+
+def test_compilation_context_raises_the_cache_limits_only():
+    """vLLM's _compilation_context (wrapper.py) only raises Dynamo's cache-size limits; the
+    GLOBAL_STATE / TORCH_FUNCTION_STATE guards go with the rest, through the guard_filter_fn."""
+    from minivllm_compile.wrapper import _compilation_context
+
+    gm = torch._C._dynamo.guards.GuardManager
+    before = (gm.add_global_state_guard, gm.add_torch_function_mode_stack_guard)
+    with _compilation_context():
+        assert torch._dynamo.config.cache_size_limit == 2048
+        assert torch._dynamo.config.accumulated_cache_size_limit == 8192
+        assert (gm.add_global_state_guard, gm.add_torch_function_mode_stack_guard) == before
+
+
+def test_global_state_is_not_guarded_with_evaluate_guards(hook_off):
+    """The one hook-off setting that keeps guards keeps SHAPE_ENV only: a changed thread count (part
+    of GLOBAL_STATE) neither retraces nor trips fail_on_recompile."""
+    m = Branchy(compilation_config=cfg(dynamic_shapes_config=DynamicShapesConfig(evaluate_guards=True)))
+    m(torch.randn(8, 8))
+    assert not any(r.kept for r in m.guard_table if r.guard_type in ("GLOBAL_STATE", "TORCH_FUNCTION_STATE"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        with compilation_counter.expect(num_dynamo_traces=0):
+            m(torch.randn(6, 8))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("aot", ["0", "1"])
+def test_torch_compile_disable_runs_the_model_eagerly(aot, tmp_path):
+    """TORCH_COMPILE_DISABLE=1 is mode=NONE, as in vLLM (config/vllm.py): nothing traced or saved.
+    Before, the model was still traced under AOT, and with AOT off failed ("found no compiled frames")."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
+from minivllm_compile.models import build_model
+assert CompilationConfig().mode == CompilationMode.NONE
+lm = build_model("llama", num_layers=1)
+ids = torch.randint(0, 200, (8,))
+with compilation_counter.expect(num_models_seen=0, num_dynamo_traces=0, num_aot_compiles=0,
+                                num_backend_compilations=0):
+    out = lm(ids, torch.arange(8))
+assert lm.model.do_not_compile
+print("eager", tuple(out.shape))
+"""
+    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "VLLM_USE_AOT_COMPILE": aot,
+           "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "eager (8, 258)" in r.stdout
+    assert "TORCH_COMPILE_DISABLE is set" in r.stderr
+    assert not any(tmp_path.iterdir())  # no AOT file, no piece folder

@@ -36,7 +36,8 @@ minivllm = torch.ops.minivllm
 
 class FixFunctionalizationPass(VllmInductorPass):
     # op -> {getitem index: mutated argument}. Index 0 is the op's return value (None for all of
-    # these); 1.. are the mutated arguments in schema order. Any other op is left to Inductor.
+    # these; an op that returns something keeps it, through the direct call); 1.. are the mutated
+    # arguments in schema order. Any other op is left to Inductor.
     MUTATED_ARGS: ClassVar[dict[torch._ops.OpOverload, dict[int, str]]] = {
         minivllm.rms_norm.default: {1: "out"},
         minivllm.fused_add_rms_norm.default: {1: "input", 2: "residual"},
@@ -120,14 +121,22 @@ class FixFunctionalizationPass(VllmInductorPass):
 
     def defunctionalize(self, graph: fx.Graph, node: fx.Node, mutated_args: dict[int, str]) -> None:
         self.replace_users_with_mutated_args(node, mutated_args)
-        self.insert_defunctionalized(graph, node)
+        call = self.insert_defunctionalized(graph, node)
+        # an op that returns a value as well as mutating its arguments: `res[0]` is that value,
+        # which the direct call now returns (vLLM's insert_defunctionalized does the same)
+        if (result := self.getitem_users(node).get(0)) is not None:
+            result.replace_all_uses_with(call)
+            self.nodes_to_remove.append(result)
         self.nodes_to_remove.append(node)
 
     def replace_users_with_mutated_args(self, node: fx.Node, mutated_args: dict[int, str]) -> None:
-        """Each `res[i]` becomes the argument the op mutated in place."""
+        """Each `res[i]`, i >= 1, becomes the argument the op mutated in place."""
         for idx, user in self.getitem_users(node).items():
-            if idx == 0:
-                raise AssertionError(f"{node.args[0]} returns None; nothing reads {node.name}[0]")
+            if idx == 0:  # the op's return value, not a mutated argument
+                if idx in mutated_args:
+                    raise AssertionError(f"MUTATED_ARGS[{node.args[0]}] maps index 0, the op's return "
+                                         "value; mutated arguments start at 1")
+                continue
             user.replace_all_uses_with(node.kwargs[mutated_args[idx]])
             self.nodes_to_remove.append(user)
 
