@@ -8,6 +8,7 @@ forced by patching ops._use_triton, or compiled where conftest.kernel_device is 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -338,6 +339,37 @@ def test_an_unsupported_quantization_config_is_refused(tmp_path, edit, match):
 def test_shipped_folder_has_what_packaging_wants():
     for f in ("config.json", "model.safetensors", "loss.png", "training_log.json", "quantization_log.json"):
         assert (FP8_DIR / f).is_file(), f
+
+
+def test_the_script_reproduces_the_shipped_checkpoint_from_its_logged_calibration():
+    """scripts/quantize_fp8.py's quantize(), given the input absmax values the shipped log recorded
+    (calibration itself, a minute of forwards, is left out), rebuilds every tensor of
+    model.safetensors bit for bit: the checkpoint is what the script makes, not edited after."""
+    import importlib.util
+
+    from minivllm_compile.models.quant import SHARDS
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("quantize_fp8", root / "scripts" / "quantize_fp8.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    logged = json.loads((FP8_DIR / "quantization_log.json").read_text())["scales"]
+    # the log is by Hugging Face linear (model.layers.0.self_attn.q_proj); quantize() reads the
+    # absmax by our module (layers.0.self_attn.qkv_proj), one for the shards sharing an input
+    absmax = {}
+    for layer, s in logged.items():
+        parent, hf_linear = layer.removeprefix("model.").rsplit(".", 1)
+        ours = next((o for o, shards in SHARDS.items() if hf_linear in shards), hf_linear)
+        assert absmax.setdefault(f"{parent}.{ours}", s["input_absmax"]) == s["input_absmax"]
+    made, scales = script.quantize(load_file(CHECKPOINTS / "tiny-llama" / "model.safetensors"), absmax)
+    assert scales == logged
+    shipped = load_file(FP8_DIR / "model.safetensors")
+    assert sorted(made) == sorted(shipped)
+    bits = lambda t: t.contiguous().reshape(-1).view(torch.uint8)
+    for name, t in shipped.items():
+        assert made[name].dtype == t.dtype and made[name].shape == t.shape, name
+        assert torch.equal(bits(made[name]), bits(t)), name
+    assert sum(t.dtype == FP8_DTYPE for t in shipped.values()) == len(logged)  # every linear's weight
 
 
 # --- under VLLM_COMPILE ---------------------------------------------------------------------

@@ -67,9 +67,15 @@ def _unfused_left(text: str) -> list[str]:
                       r"|torch\.ops\.aten\.cat\.default|reshape\.default\(getitem_\d+, \[\w+, \d+, \d+\]\)", text)
 
 
+# what an in-place op left functional costs in Inductor's code: a copy of its buffer (or a clone)
+COPY = re.compile(r"\.copy_\(|\bclone\(|aten\.clone")
+
+
 def _check_fused(lm) -> dict[str, int]:
     """Every post-grad run: each attention layer of the piece replaced, nothing unfused left, and
-    the run's matched_count as many. Returns totals."""
+    the run's matched_count as many; after FixFunctionalizationPass (last) each fused op is a
+    direct in-place call, none left in auto_functionalized, and the generated code that calls it
+    copies and clones nothing (a functional op's cost, notebook 05). Returns totals."""
     manager = lm.model.backend.post_grad_pass_manager
     (qk,) = [p for p in manager.passes if isinstance(p, QKNormRoPEFusionPass)]
     totals = {"runs": 0, "sites": 0, "fused": 0}
@@ -80,10 +86,17 @@ def _check_fused(lm) -> dict[str, int]:
         assert _unfused_left(after) == [], after
         if sites:
             assert _unfused_left(before)  # there was something to fuse
+        (fixed,) = [text for stage, text in run.items() if stage.endswith("FixFunctionalizationPass.after")]
+        assert f"auto_functionalized({FUSED}" not in fixed and fixed.count(f"= {FUSED}(") == sites, fixed
         totals["runs"] += 1
         totals["sites"] += sites
         totals["fused"] += after.count(FUSED)
     assert qk.matched_count == _sites(_runs(manager)[-1][f"post_grad.1.{QK}.before"])
+    calling = [c for b in lm.model.backend.piecewise_backends for e in b.range_entries.values()
+               if FUSED in (c := "".join(e.compiled.code))]
+    assert calling
+    for code in calling:
+        assert not COPY.search(code), COPY.findall(code)
     return totals
 
 

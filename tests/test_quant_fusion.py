@@ -18,7 +18,7 @@ import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
-from minivllm_compile import CompilationConfig, CompilationMode, PassConfig
+from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, caching
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE
 from minivllm_compile.models import load_model
 from minivllm_compile.models.quant import Fp8Linear
@@ -221,6 +221,29 @@ def _check_fusions(lm, passes: QuantFusions, custom_ops: str) -> None:
                            else rf"auto_functionalized\(torch\.ops\.minivllm\.{ops}_static_fp8_quant\.default", src)
                  for src in after]
         assert all(fused) if name == "RMSNormQuantFusionPass" else any(fused)
+    _check_no_copy_left(lm)
+
+
+FUSED_OPS = "|".join(FUSED.values())
+# what an in-place op left functional costs in Inductor's code: a copy of its buffer (or a clone)
+COPY = re.compile(r"\.copy_\(|\bclone\(|aten\.clone")
+
+
+def _check_no_copy_left(lm) -> None:
+    """The fused ops end in place: FixFunctionalizationPass (last) made every one a direct call,
+    none is left wrapped in auto_functionalized, and the generated code that calls them copies
+    and clones nothing (a functional op's cost, notebook 05)."""
+    fixed = [src for stage, src in lm.model.backend.post_grad_pass_manager.records
+             if stage.endswith("FixFunctionalizationPass.after")]
+    assert fixed
+    for src in fixed:
+        assert not re.search(rf"auto_functionalized\(torch\.ops\.minivllm\.({FUSED_OPS})\.default", src), src
+    assert any(re.search(rf"= torch\.ops\.minivllm\.({FUSED_OPS})\.default\(", src) for src in fixed)
+    codes = ["".join(e.compiled.code) for b in lm.model.backend.piecewise_backends for e in b.range_entries.values()]
+    calling = [c for c in codes if re.search(rf"torch\.ops\.minivllm\.({FUSED_OPS})\.default\(", c)]
+    assert calling
+    for code in calling:
+        assert not COPY.search(code), COPY.findall(code)
 
 
 # --- the fp8 model: everything fused, outputs unchanged ------------------------------------------
@@ -375,8 +398,10 @@ def test_matched_count_is_per_call_and_the_table_sums_them():
 
 
 def test_the_pass_config_flags_run_both_passes_in_vllms_order():
-    """fuse_norm_quant and fuse_act_quant (vLLM's names, off by default) put the passes in the
-    manager after NoOpElimination and before QK-norm + RoPE, as vLLM's configure() orders them;
+    """fuse_norm_quant and fuse_act_quant (vLLM's names; off by default here, while vLLM's
+    optimization level turns them on at O1-O3 when the custom ops they fuse are enabled,
+    config/vllm.py enable_norm_fusion / enable_act_fusion) put the passes in the manager after
+    NoOpElimination and before QK-norm + RoPE, as vLLM's configure() orders them;
     through the flags the fp8 model's generated code calls only fused ops where a norm or
     silu_and_mul fed a quant, and the outputs stay the unfused model's."""
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=SIZES, max_num_batched_tokens=MAX,
@@ -395,3 +420,29 @@ def test_the_pass_config_flags_run_both_passes_in_vllms_order():
     unfused = load_model("tiny-llama-fp8", compilation_config=_cc("all"))
     ids = _ids(7)
     torch.testing.assert_close(lm(ids, torch.arange(7)), unfused(ids, torch.arange(7)), atol=1e-4, rtol=1e-4)
+    _check_no_copy_left(lm)
+
+
+def test_off_by_default_no_fused_op_is_called():
+    """Off by default as behaviour, not only as the fields' value: the fp8 model compiled with
+    PassConfig's defaults runs neither pass, and no fused op reaches the post-grad graph or the
+    generated code; every quant stays a quant of its own."""
+    lm = load_model("tiny-llama-fp8", compilation_config=_cc("all", sizes=[]))
+    lm.warmup()
+    manager = lm.model.backend.post_grad_pass_manager
+    assert [type(p).__name__ for p in manager.all_passes()] == ["NoOpEliminationPass", "FixFunctionalizationPass"]
+    assert manager.records and not any(re.search(FUSED_OPS, src) for _, src in manager.records)
+    L = lm.config.num_hidden_layers
+    for r, found in fused_in_code(lm).items():
+        assert {k: found[k] for k in FUSED} == dict.fromkeys(FUSED, 0), (r, found)
+        assert found["quant"] == 4 * L, (r, found)  # qkv, o, gate_up and down: all unfused
+
+
+def test_each_quant_fusion_flag_is_in_the_cache_key():
+    """Each flag changes the compile-cache hash (the config's, and the pass manager's uuid among
+    the factors), so turning one on recompiles instead of loading unfused artifacts."""
+    flags = [{}, {"fuse_norm_quant": True}, {"fuse_act_quant": True}, {"fuse_norm_quant": True, "fuse_act_quant": True}]
+    ccs = [CompilationConfig(mode=CompilationMode.VLLM_COMPILE, pass_config=PassConfig(**f)) for f in flags]
+    assert len({cc.compute_hash() for cc in ccs}) == len(flags)
+    assert len({caching.compile_factors(cc)["passes"] for cc in ccs}) == len(flags)
+    assert len({caching.backend_cache_key(cc, "cpu")[0] for cc in ccs}) == len(flags)

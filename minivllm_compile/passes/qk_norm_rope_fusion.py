@@ -12,10 +12,14 @@ place on qkv in one pass over it. The replacement is written functionally,
 `auto_functionalized(fused_qk_norm_rope, qkv=qkv, ...)`, and split again; FixFunctionalization
 (last in the pipeline) then makes it a direct in-place call.
 
-Both forms of each op are matched, as vLLM's matcher_utils does: the custom op (`custom_ops`
-"all", an `auto_functionalized` node writing into a fresh `empty`) and its plain-torch form
-(`custom_ops` "none", what RMSNorm.forward_native and RotaryEmbedding's native path trace to).
-All four combinations are registered, so "none" plus "+rms_norm" fuses as well.
+Each op comes in two forms: the custom op (`custom_ops` "all", an `auto_functionalized` node
+writing into a fresh `empty`) and its plain-torch form (`custom_ops` "none", what
+RMSNorm.forward_native and RotaryEmbedding's native path trace to). All four combinations are
+registered, so one pass serves any `custom_ops` ("none" plus "+rms_norm" fuses as well). vLLM
+registers the one form its config selects (matcher_utils' MatcherCustomOp traces forward_custom
+when the op is enabled, forward_native otherwise), and since it cannot match RoPE's native form
+yet, turning this fusion on adds "+rotary_embedding" to custom_ops (in CompilationConfig's
+__post_init__, config/compilation.py).
 
 The geometry (heads, kv heads, head_dim, eps, dtype) is burned into a pattern: the split sizes,
 the per-head view, the eps constant, the casts. vLLM reads it from the model's Attention layers
