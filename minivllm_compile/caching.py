@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import hashlib
 import inspect
 import json
 import logging
@@ -111,22 +112,41 @@ _COMPILE_STATE = frozenset({"compilation_config", "do_not_compile", "compiled", 
                            "aot_compiled_fn", "aot_path", "guard_table", "input_spec", "model_factors"})
 
 
-def _constant(value: Any) -> Any:
-    """`value` as JSON if a trace could bake it into the graph as a constant, else _SKIP. Tensors
-    and modules are not constants (they are inputs, or walked on their own); None is skipped too,
-    so that a cache slot filled after construction does not change the key."""
+def _constant(value: Any, _seen: frozenset = frozenset(), _in_object: bool = False) -> Any:
+    """`value` as JSON if a trace could bake it into the graph as a constant, else _SKIP. Tensors,
+    modules and functions are not constants (they are inputs, walked on their own, or traced
+    source, which traced_files covers). A top-level None is skipped, so that a cache slot filled
+    after construction does not change the key; inside a container it is a value like any other.
+    Containers, dataclasses and plain objects are walked: a dict of options or a SimpleNamespace
+    that forward reads is baked in as surely as a float attribute. An object held by another plain
+    object is only named (a logger's manager would otherwise bring every logger of the process)."""
+    if value is None:
+        return _SKIP
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
     if isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
         return repr(value)  # nan and inf too, and no rounding
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, (torch.Tensor, torch.nn.Module, type)) or callable(value) or id(value) in _seen:
+        return _SKIP
+    seen = _seen | {id(value)}  # the path down to here: a value that refers back to itself is cut
     if isinstance(value, (tuple, list)):
-        items = [_constant(v) for v in value]
+        items = [None if v is None else _constant(v, seen, _in_object) for v in value]
         return _SKIP if any(i is _SKIP for i in items) else items
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _constant(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        items = {str(k): None if v is None else _constant(v, seen, _in_object) for k, v in value.items()}
+        return {k: v for k, v in items.items() if v is not _SKIP}
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: _constant(getattr(value, f.name), seen, _in_object) for f in dataclasses.fields(value)}
         return {k: v for k, v in fields.items() if v is not _SKIP}
+    if hasattr(value, "__dict__"):  # a plain object: its type and its public attributes
+        if _in_object:
+            return f"<{type(value).__qualname__}>"
+        fields = {k: _constant(v, seen, True) for k, v in vars(value).items() if not k.startswith("_")}
+        return {"__type__": type(value).__qualname__, **{k: v for k, v in fields.items() if v is not _SKIP}}
     return _SKIP
 
 
@@ -262,8 +282,9 @@ class VllmSerializableFunction(SerializableCallable):
         state = {"mega": mega, "save_format": fn.save_format,
                  "prefix": getattr(fn.vllm_backend, "prefix", DEFAULT_MODEL_TAG)}
         if mega:
+            pieces, store = _piece_bytes(fn)
             state.update(graph=_pickle_graph(fn.split_gm, keep_inputs=False),
-                         config=pickle.dumps(fn.compilation_config), pieces=_piece_bytes(fn))
+                         config=pickle.dumps(fn.compilation_config), pieces=pieces, artifacts=store)
         else:
             if fn.vllm_backend is None or not fn.vllm_backend.graphs:
                 raise RuntimeError("without VLLM_USE_MEGA_AOT_ARTIFACT the Dynamo graph is saved, and this "
@@ -294,7 +315,7 @@ class VllmSerializableFunction(SerializableCallable):
                 child.recompile()
         cc = _loading_config or pickle.loads(state["config"])
         with cpu_isa.remembered_probe():  # else Inductor's ISA probe is most of the load's time
-            _load_pieces(gm, cc, state["pieces"])
+            _load_pieces(gm, cc, state["pieces"], state["artifacts"])
         return cls(gm, cc, state["pieces"], None, state["save_format"])
 
     def finalize_loading(self, compilation_config: CompilationConfig, model_factors: dict | None,
@@ -353,10 +374,12 @@ class _ExampleValues(fx.Interpreter):
         return value
 
 
-def _piece_bytes(fn: VllmSerializableFunction) -> list[dict]:
-    """Each compiled piece with its entries' artifacts as bytes (standalone_compile(aot=True) made
-    them self-contained: no file of the backend's cache is needed to load them)."""
-    pieces = []
+def _piece_bytes(fn: VllmSerializableFunction) -> tuple[list[dict], dict[str, bytes]]:
+    """Each compiled piece with its entries' artifacts, as vLLM's StandaloneCompiledArtifacts keeps
+    them: an entry names its artifact by the bytes' SHA-256, and the store holds each distinct
+    artifact once (identical layers compile to one artifact; vLLM counts one save for it).
+    standalone_compile(aot=True) made them self-contained: no file of the backend's cache is needed."""
+    pieces, store = [], {}
     for p in fn.pieces:
         runnable = fn.split_gm.__dict__[p["submod"]]
         backend = getattr(runnable, "runnable", runnable)  # under a profiler range (nvtx.RangeWrapper)
@@ -367,20 +390,30 @@ def _piece_bytes(fn: VllmSerializableFunction) -> list[dict]:
                 raise RuntimeError(f"piece {p['index']} for {r} was not compiled for the mega artifact "
                                    "(standalone_compile(aot=True)): VLLM_USE_MEGA_AOT_ARTIFACT changed "
                                    "between compiling and saving?")
-            entries[r] = {"bytes": artifact.serialize()}
+            data = artifact.serialize()
+            digest = hashlib.sha256(data).hexdigest()
+            if digest not in store:
+                store[digest] = data
+                compilation_counter.num_compiled_artifacts_saved += 1
+            entries[r] = {"sha256": digest}
         pieces.append({**p, "entries": entries})
-    return pieces
+    return pieces, store
 
 
-def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict]) -> None:
-    """Put a PiecewiseBackend over each piece's loaded artifacts in the stitching graph."""
+def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict], store: dict[str, bytes]) -> None:
+    """Put a PiecewiseBackend over each piece's loaded artifacts in the stitching graph; each
+    distinct artifact is deserialized (and counted) once, as vLLM's load_all does."""
     from torch._inductor.standalone_compile import AOTCompiledArtifact
 
+    loaded: dict[str, Any] = {}
     for p in pieces:
         runnables = {}
         for r, ref in p["entries"].items():
-            runnables[r] = AOTCompiledArtifact.deserialize(ref["bytes"])
-            compilation_counter.num_compiled_artifacts_loaded += 1
+            digest = ref["sha256"]
+            if digest not in loaded:
+                loaded[digest] = AOTCompiledArtifact.deserialize(store[digest])
+                compilation_counter.num_compiled_artifacts_loaded += 1
+            runnables[r] = loaded[digest]
             if p.get("single_output"):  # a loaded artifact returns a list even for one value
                 runnables[r] = first_output(runnables[r])
         gm.__dict__[p["submod"]] = wrap_with_cudagraph_if_needed(PiecewiseBackend.from_runnables(

@@ -89,10 +89,10 @@ class RangeWrapper(nn.Module):
 
 def profiler_sees(op: torch._ops.OpOverload, *args: Any) -> bool:
     """Whether torch's profiler shows a call of `op` (as Inductor's code calls it: the OpOverload)
-    as an event of its own. Not always: torch 2.14 runs a torch.library.custom_op's Python kernel
-    without entering the C++ dispatcher where it can ("PyObject dispatch", pytorch#187949), and the
-    dispatcher is what records an op's profiler event. On 2.14 that is so for an op whose arguments
-    are all tensors (silu_and_mul here); one with a float or a string still goes through C++."""
+    as an event of its own. Not always for an op made by torch.library.custom_op: torch 2.14 runs
+    its Python kernels without entering the C++ dispatcher where it can ("PyObject dispatch",
+    pytorch#187949), and the dispatcher is what records an op's profiler event. The minivllm ops
+    are registered as vLLM's are (ops.direct_register_custom_op), which does not take that path."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:

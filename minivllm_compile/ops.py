@@ -1,9 +1,10 @@
 """Custom ops in namespace `minivllm`, with the in-place signatures of vLLM's `_C` ops.
 
-Each op is a torch.library custom op that declares what it mutates and has a fake (meta)
-implementation, so Dynamo can trace it without running it and functionalization wraps it in
-`auto_functionalized(...)` exactly as it wraps vLLM's ops (seed §1). On CPU an op runs the plain
-torch reference from `minivllm_compile.kernels`; on CUDA it runs the Triton kernel beside it.
+Each op is registered as vLLM registers its own (`direct_register_custom_op`, below): a schema that
+declares what it mutates, a kernel for the CPU and CUDA keys, and a fake (meta) implementation, so
+Dynamo can trace it without running it and functionalization wraps it in `auto_functionalized(...)`
+exactly as it wraps vLLM's ops (seed §1). On CPU an op runs the plain torch reference from
+`minivllm_compile.kernels`; on CUDA it runs the Triton kernel beside it.
 
 The two mixer ops (attention, short conv) are opaque: they take a `layer_name` and read the layer's
 cache and the step's metadata from the forward context. They are the default splitting ops.
@@ -11,11 +12,13 @@ cache and the step's metadata from the forward context. They are the default spl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.library import Library, infer_schema
 
 from minivllm_compile.forward_context import get_forward_context
 from minivllm_compile.kernels import activation, causal_conv1d, layernorm, paged_attention
@@ -23,6 +26,78 @@ from minivllm_compile.kernels import qk_norm_rope, quant_fp8
 from minivllm_compile.kernels import rotary_embedding as rope
 from minivllm_compile.kernels._compat import HAS_TRITON
 
+# --- registration ---------------------------------------------------------------------------
+
+# the library holding the ops (vLLM: `vllm_lib = Library("vllm", "FRAGMENT")`); an op is
+# registered for as long as this object lives
+minivllm_lib = Library("minivllm", "FRAGMENT")
+
+
+def direct_register_custom_op(
+    op_name: str,
+    op_func: Callable,
+    mutates_args: list[str] | None = None,
+    fake_impl: Callable | None = None,
+    target_lib: Library | None = None,
+    dispatch_key: str | None = None,
+    tags: tuple[torch.Tag, ...] = (),
+) -> None:
+    """vLLM's helper of the same name (vllm/utils/torch_utils.py): define `op_name` with the schema
+    inferred from `op_func`'s signature, register `op_func` as the backend kernel and `fake_impl`
+    for tracing. Nothing is registered at the Autograd or ADInplaceOrView keys, unlike
+    `torch.library.custom_op`, whose autograd wrapper (an autograd.Function) and version-counter
+    kernel run on every call; vLLM's docstring: custom_op "can have significant overhead because
+    it needs to consider complicated dispatching logic". The dispatcher's autograd fallback runs
+    at Autograd instead, and ADInplaceOrView falls through, as for vLLM's `_C` ops.
+
+    vLLM registers for its platform's key; tensors here may be on the CPU or a GPU, so with no
+    `dispatch_key` the kernel goes to both CPU and CUDA."""
+    schema_str = infer_schema(op_func, mutates_args=mutates_args or [])
+    lib = target_lib or minivllm_lib
+    lib.define(op_name + schema_str, tags=tags)
+    kernel = _below_autograd(op_func)
+    for key in (dispatch_key,) if dispatch_key else ("CPU", "CUDA"):
+        lib.impl(op_name, kernel, dispatch_key=key)
+    if fake_impl is not None:
+        lib._register_fake(op_name, fake_impl)
+
+
+def _below_autograd(op_func: Callable) -> Callable:
+    # The body runs below autograd, where a C++ kernel runs. vLLM's `_C` kernels write through data
+    # pointers that autograd never sees; these bodies call torch ops on the arguments (the CPU
+    # references write with copy_, add_ and slice assignment), and each would enter the dispatcher
+    # again at its Autograd key. With grad on, RoPE's write into `q`, a view split from `qkv`, then
+    # breaks autograd's rule for such views ("... is a view and is being modified inplace. This view
+    # is the output of a function that returns multiple views"). Below autograd, the writes record
+    # nothing and bump no version counter, as a C++ kernel's.
+    @functools.wraps(op_func)
+    def kernel(*args, **kwargs):
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            return op_func(*args, **kwargs)
+
+    return kernel
+
+
+def _returns_nothing(*args, **kwargs) -> None:
+    # The fake of every op here: each returns nothing (its results are the arguments it writes,
+    # whose metadata the caller already has). No checks: fake tensors have no values, and the real
+    # op raises the same errors at run time.
+    return None
+
+
+def _register(*, mutates_args: list[str]):
+    """`@_register(mutates_args=[...])` above `def rms_norm(...)`: register the function as
+    `minivllm::rms_norm` and bind the module's `rms_norm` to `torch.ops.minivllm.rms_norm`, so a
+    call through either goes through the dispatcher (and never straight into the Python body)."""
+
+    def register(op_func: Callable) -> torch._ops.OpOverloadPacket:
+        direct_register_custom_op(op_func.__name__, op_func, mutates_args, fake_impl=_returns_nothing)
+        return getattr(torch.ops.minivllm, op_func.__name__)
+
+    return register
+
+
+# --- argument checks ------------------------------------------------------------------------
 
 def _use_triton(t: Tensor) -> bool:
     return t.is_cuda and HAS_TRITON
@@ -52,7 +127,7 @@ def _check_norm(op: str, x: Tensor, weight: Tensor) -> None:
 
 # --- normalisation --------------------------------------------------------------------------
 
-@torch.library.custom_op("minivllm::rms_norm", mutates_args=("out",))
+@_register(mutates_args=["out"])
 def rms_norm(out: Tensor, input: Tensor, weight: Tensor, eps: float) -> None:
     _check_like("rms_norm", {"input": input, "out": out, "weight": weight})
     _check("rms_norm", out.shape == input.shape,
@@ -62,12 +137,7 @@ def rms_norm(out: Tensor, input: Tensor, weight: Tensor, eps: float) -> None:
     (layernorm.rms_norm_triton if _use_triton(input) else layernorm.rms_norm_ref)(out, input, weight, eps)
 
 
-@rms_norm.register_fake
-def _(out, input, weight, eps):
-    return None
-
-
-@torch.library.custom_op("minivllm::fused_add_rms_norm", mutates_args=("input", "residual"))
+@_register(mutates_args=["input", "residual"])
 def fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
     _check_like("fused_add_rms_norm", {"input": input, "residual": residual, "weight": weight})
     _check("fused_add_rms_norm", residual.shape == input.shape,
@@ -75,11 +145,6 @@ def fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, eps: flo
     _check_norm("fused_add_rms_norm", input, weight)
     fn = layernorm.fused_add_rms_norm_triton if _use_triton(input) else layernorm.fused_add_rms_norm_ref
     fn(input, residual, weight, eps)
-
-
-@fused_add_rms_norm.register_fake
-def _(input, residual, weight, eps):
-    return None
 
 
 # --- rotary embedding -----------------------------------------------------------------------
@@ -113,7 +178,7 @@ def _check_rope(
                f"or pass positions below {rows}")
 
 
-@torch.library.custom_op("minivllm::rotary_embedding", mutates_args=("query", "key"))
+@_register(mutates_args=["query", "key"])
 def rotary_embedding(
     positions: Tensor, query: Tensor, key: Tensor | None, head_size: int,
     cos_sin_cache: Tensor, is_neox: bool,
@@ -124,13 +189,7 @@ def rotary_embedding(
     fn(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
-@rotary_embedding.register_fake
-def _(positions, query, key, head_size, cos_sin_cache, is_neox):
-    # no checks: fake tensors have no values, and the real op raises the same errors at run time
-    return None
-
-
-@torch.library.custom_op("minivllm::fused_qk_norm_rope", mutates_args=("qkv",))
+@_register(mutates_args=["qkv"])
 def fused_qk_norm_rope(
     qkv: Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int, head_dim: int, eps: float,
     q_weight: Tensor, k_weight: Tensor, cos_sin_cache: Tensor, is_neox: bool, position_ids: Tensor,
@@ -149,15 +208,9 @@ def fused_qk_norm_rope(
        cos_sin_cache, is_neox, position_ids)
 
 
-@fused_qk_norm_rope.register_fake
-def _(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
-      cos_sin_cache, is_neox, position_ids):
-    return None
-
-
 # --- activation -----------------------------------------------------------------------------
 
-@torch.library.custom_op("minivllm::silu_and_mul", mutates_args=("out",))
+@_register(mutates_args=["out"])
 def silu_and_mul(out: Tensor, input: Tensor) -> None:
     _check_like("silu_and_mul", {"input": input, "out": out})
     d = input.shape[-1] // 2
@@ -165,11 +218,6 @@ def silu_and_mul(out: Tensor, input: Tensor) -> None:
            lambda: f"`out` has shape {tuple(out.shape)}; for `input` of shape {tuple(input.shape)} it must be "
            f"{(*input.shape[:-1], d)} (input holds gate and up halves side by side)")
     (activation.silu_and_mul_triton if _use_triton(input) else activation.silu_and_mul_ref)(out, input)
-
-
-@silu_and_mul.register_fake
-def _(out, input):
-    return None
 
 
 # --- static per-tensor FP8 quantization, alone and fused (vLLM's _C ops of the same names) ------
@@ -206,19 +254,14 @@ def _check_quant(op: str, result: Tensor, input: Tensor, scale: Tensor, shape: t
                lambda: f"`{name}` is on {t.device} but `input` is on {input.device}; move them to one device")
 
 
-@torch.library.custom_op("minivllm::static_scaled_fp8_quant", mutates_args=("result",))
+@_register(mutates_args=["result"])
 def static_scaled_fp8_quant(result: Tensor, input: Tensor, scale: Tensor) -> None:
     _check_quant("static_scaled_fp8_quant", result, input, scale, input.shape)
     fn = quant_fp8.static_scaled_fp8_quant_triton if _use_triton_fp8(input) else quant_fp8.static_scaled_fp8_quant_ref
     fn(result, input, scale)
 
 
-@static_scaled_fp8_quant.register_fake
-def _(result, input, scale):
-    return None
-
-
-@torch.library.custom_op("minivllm::rms_norm_static_fp8_quant", mutates_args=("result",))
+@_register(mutates_args=["result"])
 def rms_norm_static_fp8_quant(
     result: Tensor, input: Tensor, weight: Tensor, scale: Tensor, epsilon: float
 ) -> None:
@@ -232,12 +275,7 @@ def rms_norm_static_fp8_quant(
     fn(result, input, weight, scale, epsilon)
 
 
-@rms_norm_static_fp8_quant.register_fake
-def _(result, input, weight, scale, epsilon):
-    return None
-
-
-@torch.library.custom_op("minivllm::fused_add_rms_norm_static_fp8_quant", mutates_args=("result", "residual"))
+@_register(mutates_args=["result", "residual"])
 def fused_add_rms_norm_static_fp8_quant(
     result: Tensor, input: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, epsilon: float
 ) -> None:
@@ -254,12 +292,7 @@ def fused_add_rms_norm_static_fp8_quant(
     fn(result, input, residual, weight, scale, epsilon)
 
 
-@fused_add_rms_norm_static_fp8_quant.register_fake
-def _(result, input, residual, weight, scale, epsilon):
-    return None
-
-
-@torch.library.custom_op("minivllm::silu_and_mul_quant", mutates_args=("result",))
+@_register(mutates_args=["result"])
 def silu_and_mul_quant(result: Tensor, input: Tensor, scale: Tensor) -> None:
     """silu_and_mul then static_scaled_fp8_quant: result [..., d] fp8 from input [..., 2d]."""
     op = "silu_and_mul_quant"
@@ -269,11 +302,6 @@ def silu_and_mul_quant(result: Tensor, input: Tensor, scale: Tensor) -> None:
     _check_quant(op, result, input, scale, (*input.shape[:-1], input.shape[-1] // 2))
     fn = quant_fp8.silu_and_mul_quant_triton if _use_triton_fp8(input) else quant_fp8.silu_and_mul_quant_ref
     fn(result, input, scale)
-
-
-@silu_and_mul_quant.register_fake
-def _(result, input, scale):
-    return None
 
 
 # --- the opaque mixers: the default splitting ops ---------------------------------------------
@@ -286,7 +314,7 @@ def _layer(op: str, layer_name: str, ctx):
     return layers[layer_name]
 
 
-@torch.library.custom_op("minivllm::unified_attention_with_output", mutates_args=("output",))
+@_register(mutates_args=["output"])
 def unified_attention_with_output(
     query: Tensor, key: Tensor, value: Tensor, output: Tensor, layer_name: str
 ) -> None:
@@ -318,12 +346,7 @@ def unified_attention_with_output(
     output[md.num_real_tokens:].zero_()  # CUDA-graph padding: in no sequence, left undefined by the kernel
 
 
-@unified_attention_with_output.register_fake
-def _(query, key, value, output, layer_name):
-    return None
-
-
-@torch.library.custom_op("minivllm::short_conv", mutates_args=("output",))
+@_register(mutates_args=["output"])
 def short_conv(hidden_states: Tensor, output: Tensor, layer_name: str) -> None:
     """LFM2's gated short convolution as one opaque op (vLLM's `short_conv`):
     B, C, x = in_proj(h); y = C * causal_conv1d(B * x); output = out_proj(y).
@@ -354,7 +377,3 @@ def short_conv(hidden_states: Tensor, output: Tensor, layer_name: str) -> None:
                has_initial_state=md.context_lens > 0, activation=None).transpose(0, 1)
     output.copy_(F.linear(c_gate * y, layer.out_proj.weight))
 
-
-@short_conv.register_fake
-def _(hidden_states, output, layer_name):
-    return None

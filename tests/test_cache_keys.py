@@ -50,11 +50,12 @@ else:
         results["lm"] = (raw(lm, ids, 7), raw(eager, ids.long(), 7))
     else:
         results["lm"] = (lm(ids, torch.arange(7)), eager(ids, torch.arange(7)))
-    if spec.get("then_ids_dtype"):  # a second call with other inputs
-        try:
-            raw(lm, torch.arange(5, dtype=getattr(torch, spec["then_ids_dtype"])), 5)
-        except ValueError as e:
-            print("REFUSED " + str(e).replace("\n", " "))
+    if spec.get("then_ids_dtype"):  # later calls with other inputs: another dtype, then strided ids
+        for later in (torch.arange(5, dtype=getattr(torch, spec["then_ids_dtype"])), torch.arange(10)[::2]):
+            try:
+                raw(lm, later, 5)
+            except ValueError as e:
+                print("REFUSED " + str(e).replace("\n", " "))
 diffs = {k: (c - e).abs().max().item() for k, (c, e) in results.items()}
 print("RESULT " + json.dumps({**vars(compilation_counter), "diffs": diffs}))
 """
@@ -81,15 +82,19 @@ def backend_dirs(root: Path) -> list[Path]:
     return sorted((root / "torch_compile_cache").glob("*/rank_0_0/*"))
 
 
-def test_a_second_model_never_overwrites_the_first_ones_pieces(tmp_path):
+@pytest.mark.parametrize("mega", ["1", "0"])
+def test_a_second_model_never_overwrites_the_first_ones_pieces(tmp_path, mega):
     """1 layer, then 2 layers of the same architecture, then 1 layer again: the third process loads
     the first model's own pieces. (The pieces' folder used to be keyed without the model, so the
-    2-layer model overwrote them, and every later 1-layer process crashed or computed garbage.)"""
-    ok(*run(tmp_path, {"layers": 1}), loaded=False)
-    ok(*run(tmp_path, {"layers": 2}), loaded=False)
+    2-layer model overwrote them, and every later 1-layer process crashed or computed garbage.)
+    Both load paths: without the mega artifact the pieces are loaded from that folder, which is
+    where the crash was ("not enough values to unpack (expected 12, got 8)")."""
+    env = {"VLLM_USE_MEGA_AOT_ARTIFACT": mega}
+    ok(*run(tmp_path, {"layers": 1}, env), loaded=False)
+    ok(*run(tmp_path, {"layers": 2}, env), loaded=False)
     assert len(backend_dirs(tmp_path)) == 2
-    ok(*run(tmp_path, {"layers": 1}), loaded=True)
-    ok(*run(tmp_path, {"layers": 2}), loaded=True)
+    ok(*run(tmp_path, {"layers": 1}, env), loaded=True)
+    ok(*run(tmp_path, {"layers": 2}, env), loaded=True)
 
 
 def test_a_constant_baked_into_the_trace_is_in_the_key(tmp_path):
@@ -103,6 +108,8 @@ def test_a_constant_baked_into_the_trace_is_in_the_key(tmp_path):
 
 
 TOY = '''
+import types
+
 import torch
 from torch import nn
 from minivllm_compile import support_torch_compile
@@ -134,7 +141,28 @@ class Scale(Base):
         return self.lin(x) * self.scale
 
 
+class Options(nn.Module):
+    """Reads constants kept in a dict, a plain object and a tuple holding None."""
+
+    def __init__(self, *, compilation_config=None, s=2.0, shift=1.0, pair=(None, 1.0)):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(2, 2)
+        self.opts = {"s": s}
+        self.ns = types.SimpleNamespace(shift=shift)
+        self.pair = pair
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.opts["s"] + self.ns.shift + (self.pair[1] if self.pair[0] is None else 0.0)
+
+
+Options = support_torch_compile(Options)
+
+
 def make(name, cc):
+    options = {"opts_a": {}, "opts_b": {"s": 3.0}, "ns_b": {"shift": 2.0}, "pair_b": {"pair": (None, 2.0)}}
+    if name in options:
+        return Options(compilation_config=cc, **options[name])
     cls, scale = {"double": (Double, 1.0), "add_three": (AddThree, 1.0),
                   "scale2": (Scale, 2.0), "scale3": (Scale, 3.0)}[name]
     return cls(compilation_config=cc, scale=scale)
@@ -156,6 +184,23 @@ def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path):
     assert second["num_aot_artifacts_loaded"] == 4 and second["num_aot_compiles"] == 0
     assert max(second["diffs"].values()) < 1e-5, second["diffs"]
     assert len(backend_dirs(tmp_path / "cache")) == 4
+
+
+def test_constants_in_dicts_objects_and_tuples_with_none_are_in_the_key(tmp_path):
+    """A dict of options, a SimpleNamespace and a tuple holding None: Dynamo bakes what forward reads
+    from them into the graph as surely as a float attribute. Four instances differing only there
+    each compile, then each loads its own code (a dict used to be left out of the key: the s=3.0
+    model loaded the s=2.0 one's artifact and differed from eager by 11)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "toy_model.py").write_text(TOY)
+    spec = {"toy": ["opts_a", "opts_b", "ns_b", "pair_b"], "path": [str(src)], "cc": {"splitting_ops": []}}
+    proc, first = run(tmp_path / "cache", spec)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert first["num_aot_compiles"] == 4 and max(first["diffs"].values()) < 1e-5, first["diffs"]
+    proc, second = run(tmp_path / "cache", spec)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert second["num_aot_artifacts_loaded"] == 4 and max(second["diffs"].values()) < 1e-5, second["diffs"]
 
 
 USER_PASS = '''
@@ -226,7 +271,7 @@ NoOpEliminationPass.__call__ = _edited
 @pytest.mark.parametrize("mode", ["VLLM_COMPILE", "DYNAMO_TRACE_ONCE"])
 def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mode):
     """Compiled for int64 ids, the model used to read int32 ids as int64 and the process died
-    (SIGABRT, no Python exception). The decorated model now refuses them naming the fix, and the
+    (SIGABRT, no Python exception). The decorated model now refuses them (and strided ids) naming the fix, and the
     LM converts them. A process whose first call has int32 ids compiles for int32 (the inputs are
     in the key) instead of loading the int64 artifact."""
     env = {"VLLM_DISABLE_COMPILE_CACHE": "1"} if mode == "DYNAMO_TRACE_ONCE" else {}
@@ -235,6 +280,8 @@ def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mo
     assert proc.returncode == 0 and result is not None, proc.stderr[-3000:]
     assert "REFUSED LlamaModel was compiled once, on its first call, for input_ids: torch.int64" in proc.stdout
     assert "pass input_ids.to(torch.int64)" in proc.stdout
+    # non-contiguous ids used to fail with an AssertionError blaming a custom op's fake kernel
+    assert "not contiguous (strides [2])" in proc.stdout and "pass input_ids.contiguous()" in proc.stdout
     assert result["diffs"]["lm"] < 1e-4
     # the LM converts int32 ids itself
     proc, result = run(tmp_path, {"mode": mode, "ids_dtype": "int32"}, env)

@@ -111,3 +111,71 @@ def test_short_conv_op_matches_a_plain_conv1d():
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     # the state keeps the last width-1 inputs of the conv, for the next decode step
     torch.testing.assert_close(layer.conv_state[0], (b * x)[-(width - 1):].T)
+
+
+# --- registration: vLLM's direct_register_custom_op, no autograd kernel of our own -----------------
+
+@pytest.mark.parametrize("kind", ["llama", "hybrid"])
+def test_eager_decoder_runs_with_grad_enabled(kind):
+    """With grad on, RoPE writes in place into q and k split from one qkv tensor: through
+    torch.library.custom_op's autograd wrapper that raised "Output 0 of SplitWithSizes is a view
+    and ... modified inplace". Registered as vLLM registers its ops, the model runs, and computes
+    what it computes under inference mode."""
+    lm = build_model(kind, num_layers=2)
+    model = lm.model
+    for p in model.parameters():
+        p.requires_grad_(True)
+    ids, pos = torch.arange(1, 7), torch.arange(6)
+
+    def forward():
+        md = lm.metadata([6], [6], [0], lm.allocate_caches([6]))  # fresh caches: the same prefill twice
+        with set_forward_context(md, model.static_forward_context):
+            return model(ids, pos)
+
+    with torch.enable_grad():
+        with_grad = forward()
+    with torch.inference_mode():
+        inference = forward()
+    assert with_grad.requires_grad  # autograd did run: it recorded the torch ops around the custom ops
+    assert torch.equal(with_grad, inference)
+
+
+def test_rotary_embedding_in_place_on_split_views_that_require_grad():
+    head_size, rot = 32, 16
+    cache = torch.randn(16, rot)
+    positions = torch.tensor([3, 0, 7, 1, 15])
+    base = torch.randn(5, 4 * head_size)
+    qkv = base.clone().requires_grad_(True).clone()  # a non-leaf requiring grad, as a linear's output
+    q, k, _ = qkv.split([2 * head_size, head_size, head_size], dim=-1)
+    ops.rotary_embedding(positions, q, k, head_size, cache, True)
+    # used again by autograd, as attention uses them next: with custom_op's autograd wrapper this
+    # raised "Output 0 of SplitWithSizes is a view and its base ... has been modified inplace"
+    assert (q * 2).requires_grad and (k * 2).requires_grad
+
+    with torch.no_grad():
+        q_want, k_want, v_want = base.clone().split([2 * head_size, head_size, head_size], dim=-1)
+        ops.rotary_embedding(positions, q_want, k_want, head_size, cache, True)
+    assert torch.equal(q, q_want) and torch.equal(k, k_want)  # rotated in place, through the views
+    assert torch.equal(qkv[:, 3 * head_size:], v_want)  # v untouched
+    assert not torch.equal(q_want, base[:, : 2 * head_size])  # (and the op did rotate something)
+
+
+@pytest.mark.parametrize("name", sorted(MUTATES))
+def test_registered_without_an_autograd_kernel(name):
+    # vLLM's direct_register_custom_op: a kernel for the backend keys and a fake, nothing at the
+    # Autograd or ADInplaceOrView keys (the dispatcher's fallbacks run there, as for vLLM's _C ops)
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    qualname = f"minivllm::{name}"
+    assert has(qualname, "CPU") and has(qualname, "CUDA") and has(qualname, "Meta")  # Meta: the fake
+    assert not has(qualname, "Autograd") and not has(qualname, "ADInplaceOrView")
+
+
+def test_custom_op_would_have_registered_an_autograd_kernel():
+    # what torch.library.custom_op registers, for comparison: its autograd wrapper and the kernel
+    # bumping version counters, which are what tripped over the split views above
+    @torch.library.custom_op("minivllm_test::scale_", mutates_args=["x"])
+    def scale_(x: torch.Tensor) -> None:
+        x.mul_(2)
+
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has("minivllm_test::scale_", "Autograd") and has("minivllm_test::scale_", "ADInplaceOrView")

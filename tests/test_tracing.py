@@ -86,8 +86,10 @@ def test_stock_recompiles_on_a_shape_branch_trace_once_does_not():
     with compilation_counter.expect(num_models_seen=0, stock_torch_compile_count=1):
         stock = stock_torch_compile(stock_model, stock_cfg)
     x3 = torch.randn(3, 8)
-    stock(torch.randn(8, 8))
-    stock(x3)
+    # vLLM passes STOCK's backend to torch.compile by name: none of its counters sees the traces
+    with compilation_counter.expect(num_graphs_seen=0, num_backend_compilations=0, num_inductor_compiles=0):
+        stock(torch.randn(8, 8))
+        stock(x3)
     assert len(stock.backend.graphs) >= 2  # the guard on x.shape[0] failed: a new trace
     torch.testing.assert_close(stock(x3), stock_model.lin(x3))  # the right branch
 
