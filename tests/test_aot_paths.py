@@ -22,6 +22,11 @@ CHILD = r"""
 import json, os, sys, torch
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
 from minivllm_compile.models import build_model
+if os.environ.get("READ_ONLY_CACHE") == "1":  # a cache this process may read but not write
+    from minivllm_compile import cache_files, caching
+    def refuse(path, data):
+        raise PermissionError(13, "Permission denied", str(path))
+    cache_files.atomic_write = caching.atomic_write = refuse
 cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, compile_sizes=[4])
 lm = build_model("llama", num_layers=int(os.environ.get("LAYERS", "1")), compilation_config=cc)
 out = lm(torch.arange(7), torch.arange(7))
@@ -108,6 +113,18 @@ def test_without_the_mega_artifact_the_backend_runs_again_and_loads_from_its_ind
     assert second["num_compiled_artifacts_loaded"] == PIECES * ENTRIES  # ... and was found in the index
     assert second["num_inductor_compiles"] == 0 and second["num_cache_entries_updated"] == 0
     assert "unusable" not in proc.stderr
+    assert same(tmp_path / "1.pt", tmp_path / "2.pt")
+
+
+def test_a_cache_that_cannot_be_written_is_still_read(tmp_path):
+    """A shared cache another user filled: this process cannot write into it (its first write, the
+    backend's cache_key_factors.json, fails), so it says so once and loads every piece from it."""
+    env = {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}
+    start(tmp_path, tmp_path / "1.pt", env)
+    proc, c = start(tmp_path, tmp_path / "2.pt", {**env, "READ_ONLY_CACHE": "1"})
+    assert proc.stderr.count("reading from it only") == 1
+    assert c["num_aot_artifacts_loaded"] == 1 and c["num_inductor_compiles"] == 0
+    assert c["num_compiled_artifacts_loaded"] == PIECES * ENTRIES
     assert same(tmp_path / "1.pt", tmp_path / "2.pt")
 
 
