@@ -50,8 +50,11 @@ def direct_register_custom_op(
     it needs to consider complicated dispatching logic". The dispatcher's autograd fallback runs
     at Autograd instead, and ADInplaceOrView falls through, as for vLLM's `_C` ops.
 
-    vLLM registers for its platform's key; tensors here may be on the CPU or a GPU, so with no
-    `dispatch_key` the kernel goes to both CPU and CUDA."""
+    Two differences from vLLM's helper: vLLM registers for its platform's key, and tensors here may
+    be on the CPU or a GPU, so with no `dispatch_key` the kernel goes to both CPU and CUDA; and the
+    body runs below autograd (`_below_autograd`), because the bodies here are Python standing in for
+    vLLM's `_C` kernels (vLLM's own helper leaves a Python body under autograd, and its models run
+    under inference_mode)."""
     schema_str = infer_schema(op_func, mutates_args=mutates_args or [])
     lib = target_lib or minivllm_lib
     lib.define(op_name + schema_str, tags=tags)
