@@ -118,20 +118,19 @@ def override(**values: str | None) -> Iterator[None]:
     """Set (a str) or unset (None) environment switches for a block, and put every one back after
     it. Enough for any switch here, since each is read at every access (the benchmark and the
     exercises' graders use it; a grader must leave a notebook's process as it found it)."""
+    def put(switches: dict[str, str | None]) -> None:
+        for k, v in switches.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
     saved = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        put(values)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        put(saved)
 
 
 def default_device() -> str:

@@ -300,24 +300,23 @@ def _grade_starts(answer: Any) -> str:
             f"the saved graph and loads the same {n} artifacts through its index, compiling none.")
 
 
+def _starts_solution() -> dict[str, dict[str, int]]:
+    return {"cold": {"num_graphs_seen": 1, "num_backend_compilations": 2, "num_inductor_compiles": 2,
+                     "num_aot_artifacts_loaded": 0, "num_compiled_artifacts_loaded": 0},
+            "warm": {"num_graphs_seen": 0, "num_backend_compilations": 0, "num_inductor_compiles": 0,
+                     "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2},
+            "warm_non_mega": {"num_graphs_seen": 1, "num_backend_compilations": 2, "num_inductor_compiles": 0,
+                              "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2}}
+
+
 @exercise("09.2", "cold, warm, and warm without the mega artifact",
           hint="count the compiled pieces (not the attention ones) times the entries (sizes + ranges); a warm "
                "mega load runs no backend; a warm non-mega load runs the backend on the saved Dynamo graph and "
                "loads what it would compile",
-          solution=lambda: {"cold": {"num_graphs_seen": 1, "num_backend_compilations": 2, "num_inductor_compiles": 2,
-                                     "num_aot_artifacts_loaded": 0, "num_compiled_artifacts_loaded": 0},
-                            "warm": {"num_graphs_seen": 0, "num_backend_compilations": 0, "num_inductor_compiles": 0,
-                                     "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2},
-                            "warm_non_mega": {"num_graphs_seen": 1, "num_backend_compilations": 2,
-                                              "num_inductor_compiles": 0, "num_aot_artifacts_loaded": 1,
-                                              "num_compiled_artifacts_loaded": 2}},
-          wrong=lambda: {"cold": {"num_graphs_seen": 1, "num_backend_compilations": 2, "num_inductor_compiles": 2,
-                                  "num_aot_artifacts_loaded": 0, "num_compiled_artifacts_loaded": 0},
-                         "warm": {"num_graphs_seen": 0, "num_backend_compilations": 0, "num_inductor_compiles": 0,
-                                  "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2},
-                         "warm_non_mega": {"num_graphs_seen": 0, "num_backend_compilations": 0,
-                                           "num_inductor_compiles": 0, "num_aot_artifacts_loaded": 1,
-                                           "num_compiled_artifacts_loaded": 2}},
+          solution=_starts_solution,
+          # the non-mega load taken for a mega one: no backend run
+          wrong=lambda: {**_starts_solution(), "warm_non_mega": {
+              **_starts_solution()["warm_non_mega"], "num_graphs_seen": 0, "num_backend_compilations": 0}},
           wrong_says="warm_non_mega: num_graphs_seen")
 def grade_starts(answer: Any) -> str:
     return _grade_starts(answer)
