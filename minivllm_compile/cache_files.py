@@ -83,8 +83,9 @@ def locked(directory: Path) -> Iterator[None]:
     """An exclusive lock on `directory` (two processes compiling the same model save one at a time).
 
     A wait is bounded: after a few seconds it is logged, naming the holder, and after
-    MINIVLLM_CACHE_LOCK_TIMEOUT_S (this project's switch; vLLM has none: default 600 s, torch's
-    TORCHINDUCTOR_FILE_LOCK_TIMEOUT) it ends in a TimeoutError. The holder writes who it is (pid,
+    MINIVLLM_CACHE_LOCK_TIMEOUT_S (this project's switch, vLLM has none; default 600 s, as torch's
+    TORCHINDUCTOR_FILE_LOCK_TIMEOUT) it ends in a TimeoutError, an OSError: the savers then log it
+    and go on without saving, as for a read-only cache. The holder writes who it is (pid,
     host, command) into the lock file. A user who may only read a shared cache cannot write that
     file, but can still take the lock: flock needs no write access, so the file is then opened
     read-only and the holder stays unnamed."""
@@ -97,7 +98,7 @@ def locked(directory: Path) -> Iterator[None]:
     try:
         _acquire(fd, path)
         if writable:
-            with contextlib.suppress(OSError):  # who holds it is a courtesy to waiters, never an error
+            with contextlib.suppress(OSError):  # naming the holder is a courtesy, never an error
                 record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
                           "command": " ".join(sys.argv)[:200]}
                 os.ftruncate(fd, 0)
@@ -126,11 +127,11 @@ def _acquire(fd: int, path: Path) -> None:
             raise TimeoutError(
                 f"gave up after {waited:.0f} s waiting for the compile cache lock {path}, held by "
                 f"{lock_holder(path)}. If that process is stuck, end it; to wait longer, set "
-                f"MINIVLLM_CACHE_LOCK_TIMEOUT_S (now {timeout:g}); to compile without the cache, set "
-                f"VLLM_DISABLE_COMPILE_CACHE=1.")
+                f"MINIVLLM_CACHE_LOCK_TIMEOUT_S (now {timeout:g}); to compile without the cache, "
+                f"set VLLM_DISABLE_COMPILE_CACHE=1.")
         if not warned and waited >= min(LOCK_WARN_AFTER_S, timeout / 2):
-            logger.warning("waiting for the compile cache lock %s, held by %s; giving up after %g s "
-                           "(MINIVLLM_CACHE_LOCK_TIMEOUT_S)", path, lock_holder(path), timeout)
+            logger.warning("waiting for the compile cache lock %s, held by %s; giving up after "
+                           "%g s (MINIVLLM_CACHE_LOCK_TIMEOUT_S)", path, lock_holder(path), timeout)
             warned = True
         time.sleep(min(delay, max(timeout - waited, 0.0)))
         delay = min(delay * 2, 0.5)
