@@ -41,9 +41,10 @@ def check_ids(name: str, t: torch.Tensor, upper: int, what: str) -> None:
     lo, hi = (int(v) for v in torch.aminmax(t))
     if lo < 0 or hi >= upper:
         bad = lo if lo < 0 else hi
-        which = f"token id {bad} is out of vocabulary" if name == "input_ids" else f"{name} holds {bad}"
-        raise ValueError(f"{which}: {name} must lie in [0, {upper}) for this model's {what}={upper}, "
-                         f"got [{lo}, {hi}]")
+        which = (f"token id {bad} is out of vocabulary" if name == "input_ids"
+                 else f"{name} holds {bad}")
+        raise ValueError(f"{which}: {name} must lie in [0, {upper}) for this model's "
+                         f"{what}={upper}, got [{lo}, {hi}]")
 
 
 def check_prefill_inputs(input_ids: Any, positions: Any, cfg, device: torch.device
@@ -53,17 +54,19 @@ def check_prefill_inputs(input_ids: Any, positions: Any, cfg, device: torch.devi
     input_ids = as_id_tensor("input_ids", input_ids, device)
     positions = as_id_tensor("positions", positions, device)
     if input_ids.dim() != 1 or positions.dim() != 1 or input_ids.shape != positions.shape:
-        raise ValueError(f"input_ids and positions must be 1-D of the same length (num_tokens), got "
-                         f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
+        raise ValueError(f"input_ids and positions must be 1-D of the same length (num_tokens), "
+                         f"got {tuple(input_ids.shape)} and {tuple(positions.shape)}")
     if input_ids.numel() == 0:
         raise ValueError("input_ids is empty: give at least one token")
     for name, t, upper, what in (("input_ids", input_ids, cfg.vocab_size, "vocab_size"),
                                  ("positions", positions, cfg.max_position_embeddings,
                                   "max_position_embeddings")):
         if t.dtype not in ID_DTYPES:
-            fix = f"pass {name}.long()" + (" if they are whole numbers" if t.dtype.is_floating_point else "")
-            raise ValueError(f"{name} must be an integer tensor (int64, int32, int16, int8 or uint8), "
-                             f"got {t.dtype}: {fix}")
+            fix = f"pass {name}.long()"
+            if t.dtype.is_floating_point:
+                fix += " if they are whole numbers"
+            raise ValueError(f"{name} must be an integer tensor (int64, int32, int16, int8 or "
+                             f"uint8), got {t.dtype}: {fix}")
         if t.device != device:
             raise ValueError(f"{name} is on {t.device} but the model is on {device}: pass "
                              f"{name}.to({str(device)!r})")
@@ -71,7 +74,8 @@ def check_prefill_inputs(input_ids: Any, positions: Any, cfg, device: torch.devi
     return input_ids.long().contiguous(), positions.long().contiguous()
 
 
-def check_generate_args(prompts: Any, max_new_tokens: Any, temperature: Any, seed: Any) -> list[str]:
+def check_generate_args(prompts: Any, max_new_tokens: Any, temperature: Any,
+                        seed: Any) -> list[str]:
     """generate()'s arguments, refused with a reason; the prompts returned as a list (any iterable
     of strings is taken; an empty one gives an empty result)."""
     if isinstance(prompts, (str, bytes)):
@@ -79,19 +83,23 @@ def check_generate_args(prompts: Any, max_new_tokens: Any, temperature: Any, see
     try:
         prompts = list(prompts)
     except TypeError:
-        raise TypeError(f"prompts must be a list of strings, got {type(prompts).__name__}") from None
+        raise TypeError(f"prompts must be a list of strings, got "
+                        f"{type(prompts).__name__}") from None
     for i, p in enumerate(prompts):
         if isinstance(p, bytes):
             raise TypeError(f"prompts[{i}] is bytes, but prompts are text: pass "
-                            f"prompts[{i}].decode('utf-8') (the tokenizer turns text into bytes itself)")
+                            f"prompts[{i}].decode('utf-8') (the tokenizer turns text into bytes "
+                            "itself)")
         if not isinstance(p, str):
-            raise TypeError(f"prompts[{i}] is a {type(p).__name__}, not a string; to run token ids, "
-                            "call lm(input_ids, positions)")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise TypeError(f"prompts[{i}] is a {type(p).__name__}, not a string; to run token "
+                            "ids, call lm(input_ids, positions)")
+    if (not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
             or not math.isfinite(temperature) or temperature < 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got "
+                         f"{temperature!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {seed!r}")
     return prompts

@@ -50,8 +50,8 @@ class LM:
             where = f"{checkpoint_dir / 'config.json'}: " if checkpoint_dir is not None else ""
             raise ValueError(
                 f"{where}vocab_size={cfg.vocab_size} is smaller than the byte tokenizer's "
-                f"{self.tokenizer.vocab_size} ids (bytes 0-255, BOS 256, EOS 257): generate() would "
-                f"feed the model ids its embedding does not have. Use vocab_size >= "
+                f"{self.tokenizer.vocab_size} ids (bytes 0-255, BOS 256, EOS 257): generate() "
+                f"would feed the model ids its embedding does not have. Use vocab_size >= "
                 f"{self.tokenizer.vocab_size}.")
         # STOCK_TORCH_COMPILE is the model runner's job in vLLM: plain torch.compile of the model
         cc = getattr(model, "compilation_config", None)
