@@ -127,3 +127,9 @@ def test_bad_generate_arguments_are_refused_naming_what_to_pass(lm, kwargs, erro
     args = {"prompts": ["def"], "max_new_tokens": 3} | kwargs
     with pytest.raises(error, match=match):
         lm.generate(**args)
+
+
+def test_numpy_numbers_are_taken_as_generate_arguments(lm):
+    np = pytest.importorskip("numpy")
+    want = lm.generate(["def"], 3, temperature=0.5, seed=7)
+    assert lm.generate(["def"], np.int64(3), temperature=np.float32(0.5), seed=np.int64(7)) == want

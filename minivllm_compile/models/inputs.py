@@ -75,9 +75,9 @@ def check_prefill_inputs(input_ids: Any, positions: Any, cfg, device: torch.devi
 
 
 def check_generate_args(prompts: Any, max_new_tokens: Any, temperature: Any,
-                        seed: Any) -> list[str]:
-    """generate()'s arguments, refused with a reason; the prompts returned as a list (any iterable
-    of strings is taken; an empty one gives an empty result)."""
+                        seed: Any) -> tuple[list[str], int, float, int]:
+    """generate()'s arguments, refused with a reason, or returned as plain Python values (any
+    iterable of strings is taken as the prompts; an empty one gives an empty result)."""
     if isinstance(prompts, (str, bytes)):
         raise TypeError("prompts must be a list of strings; wrap a single prompt in a list")
     try:
@@ -93,13 +93,14 @@ def check_generate_args(prompts: Any, max_new_tokens: Any, temperature: Any,
         if not isinstance(p, str):
             raise TypeError(f"prompts[{i}] is a {type(p).__name__}, not a string; to run token "
                             "ids, call lm(input_ids, positions)")
-    if (not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool)
+    # numbers.Integral: numpy's integers too; bool is an int, but never meant as a count
+    if (not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool)
             or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
             or not math.isfinite(temperature) or temperature < 0):
         raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got "
                          f"{temperature!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {seed!r}")
-    return prompts
+    return prompts, int(max_new_tokens), float(temperature), int(seed)

@@ -208,7 +208,8 @@ class LM:
                  seed: int = 0) -> list[str]:
         """KV-cached prefill of all prompts in one step, then one decode step per new token.
         Returns each prompt's continuation (greedy at temperature 0, sampled otherwise)."""
-        prompts = check_generate_args(prompts, max_new_tokens, temperature, seed)
+        prompts, max_new_tokens, temperature, seed = check_generate_args(
+            prompts, max_new_tokens, temperature, seed)
         if not prompts:
             return []
         tok, cfg = self.tokenizer, self.config
