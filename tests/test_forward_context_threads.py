@@ -85,3 +85,33 @@ def test_two_compiled_models_in_two_threads_each_get_their_own_logits():
     assert run_side_by_side(lms, ids, pos) == []
     # no thread left its compiled code in the shared function (an eager instance would run it)
     assert LlamaModel.forward.__code__ is original
+
+
+def test_one_model_called_from_two_threads_serves_each_call_whole():
+    """Its KV caches live on its layers: calls from two threads take turns (models/lm.py)."""
+    lm = build_model("llama", num_layers=1)
+    inputs = [(torch.arange(1, 40), torch.arange(39)), (torch.arange(50, 70), torch.arange(20))]
+    prompts = ["def f(", "class A:"]
+    refs = [lm(*x) for x in inputs]
+    texts = [lm.generate([p], 8) for p in prompts]
+    problems: list[str] = []
+    start = threading.Barrier(2)
+
+    def work(i: int) -> None:
+        try:
+            start.wait(timeout=60)
+            for n in range(CALLS // 2):
+                if not torch.equal(lm(*inputs[i]), refs[i]):
+                    problems.append(f"thread {i}, call {n}: wrong logits")
+            if lm.generate([prompts[i]], 8) != texts[i]:
+                problems.append(f"thread {i}: wrong text")
+        except Exception as e:  # noqa: BLE001  (reported below, with the thread it came from)
+            problems.append(f"thread {i}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a thread is still running after 300 s"
+    assert problems == []

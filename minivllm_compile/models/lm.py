@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from pathlib import Path
 
@@ -40,6 +41,17 @@ BLOCK_SIZE = 16
 _COMPILED_CALLS = threading.RLock()
 
 
+def _one_call_at_a_time(method):
+    """One LM serves one call at a time, whichever thread makes it: its caches (KV blocks, conv
+    state) live on its layers, and two calls at once would overwrite each other's."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class LM:
     def __init__(self, model: nn.Module, lm_head: nn.Linear, cfg: ModelConfig,
                  checkpoint_dir: Path | None = None):
@@ -63,6 +75,7 @@ class LM:
         self._cudagraphs_ready = cc is None or cc.cudagraph_mode == CUDAGraphMode.NONE
         compiled = getattr(model, "do_not_compile", True) is False
         self._call_lock = _COMPILED_CALLS if compiled else contextlib.nullcontext()
+        self._lock = threading.RLock()
 
     def _init_cudagraphs(self) -> None:
         """Before the first compile: resolve the mode down to what the splitting ops support (the
@@ -128,6 +141,7 @@ class LM:
 
     # --- forward ------------------------------------------------------------------------------
 
+    @_one_call_at_a_time
     def forward_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
                      attn_metadata: AttentionMetadata | None) -> torch.Tensor:
         """One call of the decoder inside its forward context; returns hidden states."""
@@ -158,6 +172,7 @@ class LM:
             md = dataclasses.replace(md, slot_mapping=torch.cat([md.slot_mapping, pad]), num_actual_tokens=n)
         return ids, pos, md
 
+    @_one_call_at_a_time
     def warmup(self, num_tokens: int | None = None) -> None:
         """Compile now, as vLLM does before serving: one dummy run at max_num_batched_tokens with no
         attention metadata (the splitting ops then write zeros), so the trace never sees a size
@@ -174,6 +189,7 @@ class LM:
         if not self._cudagraphs_ready:
             self.capture_model()
 
+    @_one_call_at_a_time
     def capture_model(self) -> None:
         """Capture every graph now, after the warm-up compile (vLLM's capture_model): largest size
         first, each after one plain run at its size (vLLM's cudagraph_num_of_warmups=1), with dummy
@@ -192,6 +208,7 @@ class LM:
         with torch.inference_mode():
             return self.lm_head(hidden_states)
 
+    @_one_call_at_a_time
     def __call__(self, input_ids: torch.Tensor | list[int],
                  positions: torch.Tensor | list[int]) -> torch.Tensor:
         """One prefill of one new sequence: logits [num_tokens, vocab] for every token. The ids and
@@ -204,6 +221,7 @@ class LM:
 
     # --- generation ---------------------------------------------------------------------------
 
+    @_one_call_at_a_time
     def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,
                  seed: int = 0) -> list[str]:
         """KV-cached prefill of all prompts in one step, then one decode step per new token.
