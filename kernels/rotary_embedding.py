@@ -124,6 +124,22 @@ def _head_layout(name: str, t: torch.Tensor, num_tokens: int, head_size: int) ->
     return (t.shape[1], t.stride(1)) if t.dim() == 3 else (t.shape[1] // head_size, head_size)
 
 
+def check_positions(positions: torch.Tensor, cos_sin_cache: torch.Tensor, who: str) -> None:
+    """Every position a row of ``cos_sin_cache``: the kernel reads row ``pos`` unchecked, so a
+    position past the end reads other memory (finite garbage, or a fault on a GPU). One aminmax,
+    a host sync on a GPU; skipped while a CUDA graph is captured, where a sync is illegal."""
+    if positions.numel() == 0 or (positions.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    lo, hi = torch.stack(torch.aminmax(positions)).tolist()  # one sync, not two
+    rows = cos_sin_cache.shape[0]
+    if lo < 0 or hi >= rows:
+        raise ValueError(
+            f"{who}: positions span [{lo}, {hi}] but cos_sin_cache has {rows} rows (positions "
+            f"0..{rows - 1}); build a larger cache (compute_cos_sin_cache(rotary_dim, "
+            f"max_position)) or pass positions below {rows}"
+        )
+
+
 def rotary_embedding_triton(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -131,7 +147,11 @@ def rotary_embedding_triton(
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox: bool,
+    *,
+    check_positions_in_range: bool = True,
 ) -> None:
+    """In place on ``query`` and ``key``. ``check_positions_in_range=False`` skips the one check
+    that reads values (a host sync on a GPU): for the custom op, which has made it already."""
     require_triton("rotary_embedding_triton")
     if positions.dim() != 1 or positions.dtype not in (torch.int32, torch.int64):
         raise ValueError(
@@ -157,6 +177,8 @@ def rotary_embedding_triton(
     check_launchable("query", query)
     if num_tokens == 0:
         return
+    if check_positions_in_range:
+        check_positions(positions, cos_sin_cache, "rotary_embedding_triton")
     R = cos_sin_cache.shape[1] // 2
     _rotary_embedding_kernel[(num_tokens,)](
         positions, query, query if key is None else key, cos_sin_cache,

@@ -17,12 +17,20 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import json
+import logging
 import os
+import socket
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from minivllm_compile import envs
+
+logger = logging.getLogger("minivllm_compile")
+LOCK_WARN_AFTER_S = 5.0  # a wait this long is logged once, naming the holder
 
 
 def cache_root() -> Path:
@@ -73,15 +81,87 @@ def file_mode() -> int:
 @contextlib.contextmanager
 def locked(directory: Path) -> Iterator[None]:
     """An exclusive lock on `directory` (two processes compiling the same model save one at a time).
-    The lock file is opened read-only: flock needs no write access, so a user who may only read a
-    shared cache can still take it."""
+
+    A wait is bounded: after a few seconds it is logged, naming the holder, and after
+    MINIVLLM_CACHE_LOCK_TIMEOUT_S (this project's switch, vLLM has none; default 600 s, as torch's
+    TORCHINDUCTOR_FILE_LOCK_TIMEOUT) it ends in a TimeoutError, an OSError: the savers then log it
+    and go on without saving, as for a read-only cache. The holder writes who it is (pid,
+    host, command) into the lock file. A user who may only read a shared cache cannot write that
+    file, but can still take the lock: flock needs no write access, so the file is then opened
+    read-only and the holder stays unnamed."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / ".lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    path = directory / ".lock"
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        fd, writable = os.open(path, os.O_RDWR | os.O_CREAT, 0o666), True
+    except PermissionError:
+        fd, writable = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666), False
+    try:
+        _acquire(fd, path)
+        if writable:
+            with contextlib.suppress(OSError):  # naming the holder is a courtesy, never an error
+                record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                          "command": " ".join(sys.argv)[:200]}
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(record).encode(), 0)
+        try:
+            yield
+        finally:
+            if writable:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _acquire(fd: int, path: Path) -> None:
+    timeout = envs.MINIVLLM_CACHE_LOCK_TIMEOUT_S
+    start, delay, warned = time.monotonic(), 0.02, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        waited = time.monotonic() - start
+        if waited >= timeout:
+            raise TimeoutError(
+                f"gave up after {waited:.0f} s waiting for the compile cache lock {path}, held by "
+                f"{lock_holder(path)}. If that process is stuck, end it; to wait longer, set "
+                f"MINIVLLM_CACHE_LOCK_TIMEOUT_S (now {timeout:g}); to compile without the cache, "
+                f"set VLLM_DISABLE_COMPILE_CACHE=1.")
+        if not warned and waited >= min(LOCK_WARN_AFTER_S, timeout / 2):
+            logger.warning("waiting for the compile cache lock %s, held by %s; giving up after "
+                           "%g s (MINIVLLM_CACHE_LOCK_TIMEOUT_S)", path, lock_holder(path), timeout)
+            warned = True
+        time.sleep(min(delay, max(timeout - waited, 0.0)))
+        delay = min(delay * 2, 0.5)
+
+
+def lock_holder(path: Path) -> str:
+    """Who holds the lock, as its holder recorded it in the lock file."""
+    try:
+        record = json.loads(path.read_text() or "null")
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
+        return "another process (it did not say which: the cache may be read-only to it)"
+    pid, host = record["pid"], record.get("host")
+    if host == socket.gethostname() and not _alive(pid):
+        return f"another process (the last one recorded, pid {pid}, has exited)"
+    since = record.get("since")
+    when = (f" since {time.strftime('%H:%M:%S', time.localtime(since))}"
+            if isinstance(since, (int, float)) else "")
+    return f"pid {pid} on {host}{when} ({record.get('command') or 'no command recorded'})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        pass
+    return True
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:

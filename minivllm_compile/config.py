@@ -273,7 +273,11 @@ class CompilationConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 raise ValueError(f"CompilationConfig.{name} must be a path (str or os.PathLike), got {value!r}")
-        self.cache_dir = os.fspath(self.cache_dir or "")
+        # "~/x" means the home folder, as in vLLM's paths (it expands debug_dump_path); unexpanded,
+        # it made a folder named "~" in the current directory
+        self.cache_dir = os.path.expanduser(os.fspath(self.cache_dir or ""))
+        if self.debug_dump_path is not None:
+            self.debug_dump_path = os.path.expanduser(os.fspath(self.debug_dump_path))
         _require_bool("CompilationConfig", "enable_layerwise_nvtx_tracing", self.enable_layerwise_nvtx_tracing)
         if (n < 2 and self.mode in (CompilationMode.DYNAMO_TRACE_ONCE, CompilationMode.VLLM_COMPILE)
                 and self.dynamic_shapes_config.type != DynamicShapesType.UNBACKED):
@@ -295,8 +299,39 @@ class CompilationConfig:
                              f"Inductor ({torch.__version__}; the names are in torch/_inductor/config.py, nested ones "
                              f"dotted like 'triton.cudagraphs')"
                              + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
+        self._refuse_freezing()
         self.traced_files = set(self.traced_files)
         self._init_cudagraph()
+
+    def _refuse_freezing(self) -> None:
+        """Inductor's freezing (TORCHINDUCTOR_FREEZING=1, torch._inductor.config.freezing, or
+        "freezing" here) under VLLM_COMPILE: the split pieces take the weights as inputs, so there
+        is nothing to freeze, and torch fails on the first call. With the compile cache on,
+        standalone_compile cannot save a piece compiled for freezing (AOTAutograd's cache asserts
+        "expected OutputCode"); set globally, freezing also makes Dynamo keep the weights inside the
+        graph, and the split pieces, run on fake inputs, meet real weights. The whole-graph modes
+        do not fail on it."""
+        if self.mode != CompilationMode.VLLM_COMPILE:
+            return
+        import torch._inductor.config as inductor_config
+
+        if self.inductor_compile_config.get("freezing"):
+            source = 'inductor_compile_config={"freezing": True}'
+        elif inductor_config.freezing:
+            source = ("TORCHINDUCTOR_FREEZING=1" if os.environ.get("TORCHINDUCTOR_FREEZING") == "1"
+                      else "torch._inductor.config.freezing = True")
+            if "freezing" in self.inductor_compile_config:  # False here reaches Inductor only
+                source += (", which inductor_compile_config's freezing=False does not undo for "
+                           "Dynamo")
+        else:
+            return
+        raise ValueError(
+            f"Inductor freezing ({source}) cannot be used with mode=VLLM_COMPILE: the piecewise "
+            "backend gives each piece the weights as inputs, so there is nothing to freeze, and "
+            "torch fails on the first call (saving a frozen piece to the compile cache, or, when "
+            "set globally, running pieces whose weights Dynamo kept inside the graph). Turn "
+            "freezing off, or use mode=DYNAMO_TRACE_ONCE or STOCK_TORCH_COMPILE, which compile the "
+            "whole graph at once.")
 
     def _init_cudagraph(self) -> None:
         mode = self.cudagraph_mode
@@ -456,10 +491,12 @@ class CompilationConfig:
 
 @functools.lru_cache(maxsize=1)
 def inductor_options() -> frozenset[str]:
-    """Every torch._inductor.config name, nested ones dotted ("triton.cudagraphs")."""
+    """Every name torch._inductor.config.patch() takes, nested ones dotted ("triton.cudagraphs").
+    get_config_copy() leaves out the aliases of other modules' settings (force_disable_caches is
+    torch.compiler.config's), which patch() accepts; its _config holds them all."""
     import torch._inductor.config as inductor_config
 
-    return frozenset(inductor_config.get_config_copy())
+    return frozenset(getattr(inductor_config, "_config", None) or inductor_config.get_config_copy())
 
 
 _current_config: CompilationConfig | None = None

@@ -33,6 +33,23 @@ def _bool(name: str, default: bool) -> Callable[[], bool]:
     return read
 
 
+def _seconds(name: str, default: float) -> Callable[[], float]:
+    def read() -> float:
+        raw = os.environ.get(name)
+        if raw is None or not raw.strip():
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value >= 0:  # also NaN
+            raise ValueError(f"{name}={raw!r} is not a number of seconds: set it to 0 or more "
+                             f"(inf waits for ever), or unset it for the default, {default:g}")
+        return value
+
+    return read
+
+
 @functools.cache
 def _aot_supported() -> bool:
     """Probed once: torch.compiler.load_compiled_function, and the Dynamo flag that gives
@@ -100,6 +117,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # vLLM's logging switches: the package's logger gets its own handlers at this level (logger.py)
     "VLLM_CONFIGURE_LOGGING": _bool("VLLM_CONFIGURE_LOGGING", True),
     "VLLM_LOGGING_LEVEL": _logging_level,
+    # this project's own switch (vLLM has no compile-cache lock): how long a compile waits for the
+    # cache lock another process holds before giving up (cache_files.locked); torch's default
+    # for its own file locks (TORCHINDUCTOR_FILE_LOCK_TIMEOUT)
+    "MINIVLLM_CACHE_LOCK_TIMEOUT_S": _seconds("MINIVLLM_CACHE_LOCK_TIMEOUT_S", 600.0),
 }
 
 

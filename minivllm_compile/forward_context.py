@@ -3,13 +3,21 @@
 The compiled graph never sees the KV cache or the per-step metadata: the attention and short-conv
 custom ops take only tensors that flow through the graph plus a `layer_name` string, and look the
 rest up here at run time. That is what lets one graph serve every batch composition.
+
+vLLM keeps the context in one module global: one engine steps one model per process. Here a
+notebook may run two models from two threads, and their layers share names
+("model.layers.0.self_attn.attn"), so one global would let one thread's attention read the other
+model's KV cache and metadata. The context is kept per thread instead (threading.local): each
+thread sees only what it set itself.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -74,20 +82,26 @@ class ForwardContext:
     batch_descriptor: Any = None  # cuda_graph.BatchDescriptor
 
 
-_forward_context: ForwardContext | None = None
+class _ThreadState(threading.local):
+    context: ForwardContext | None = None  # the class default: every new thread starts with none
+
+
+_state = _ThreadState()
 
 
 def is_forward_context_available() -> bool:
-    return _forward_context is not None
+    return _state.context is not None
 
 
 def get_forward_context() -> ForwardContext:
-    if _forward_context is None:
+    ctx = _state.context
+    if ctx is None:
         raise RuntimeError(
-            "no forward context is set: call the model through lm(...) / lm.generate(...), or wrap "
-            "the call in `with set_forward_context(attn_metadata, model.static_forward_context):`"
+            "no forward context is set in this thread: call the model through lm(...) / "
+            "lm.generate(...), or wrap the call in `with set_forward_context(attn_metadata, "
+            "model.static_forward_context):` (a context set in another thread is not seen here)"
         )
-    return _forward_context
+    return ctx
 
 
 @contextmanager
@@ -95,12 +109,11 @@ def set_forward_context(
     attn_metadata: AttentionMetadata | None, no_compile_layers: dict[str, Any],
     cudagraph_runtime_mode: Any = None, batch_descriptor: Any = None,
 ) -> Iterator[ForwardContext]:
-    global _forward_context
-    prev = _forward_context
-    _forward_context = ForwardContext(no_compile_layers=no_compile_layers, attn_metadata=attn_metadata,
-                                      cudagraph_runtime_mode=cudagraph_runtime_mode,
-                                      batch_descriptor=batch_descriptor)
+    prev = _state.context
+    ctx = _state.context = ForwardContext(
+        no_compile_layers=no_compile_layers, attn_metadata=attn_metadata,
+        cudagraph_runtime_mode=cudagraph_runtime_mode, batch_descriptor=batch_descriptor)
     try:
-        yield _forward_context
+        yield ctx
     finally:
-        _forward_context = prev
+        _state.context = prev

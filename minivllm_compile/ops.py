@@ -188,8 +188,11 @@ def rotary_embedding(
 ) -> None:
     _check_like("rotary_embedding", {"query": query, "key": key})
     _check_rope("rotary_embedding", positions, query, head_size, cos_sin_cache, key)
-    fn = rope.rotary_embedding_triton if _use_triton(query) else rope.rotary_embedding_ref
-    fn(positions, query, key, head_size, cos_sin_cache, is_neox)
+    if _use_triton(query):  # positions were checked above: no second host sync
+        rope.rotary_embedding_triton(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                     check_positions_in_range=False)
+    else:
+        rope.rotary_embedding_ref(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
 @_register(mutates_args=["qkv"])

@@ -118,3 +118,18 @@ def test_checks_do_not_break_torch_compile():
     torch.testing.assert_close(compiled(torch.tensor([1, 2, 63]), q.clone(), k.clone()), expected)
     with pytest.raises(ValueError, match=r"`positions` span \[1, 64\]"):
         compiled(torch.tensor([1, 2, 64]), q.clone(), k.clone())
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("positions", [[0, 64], [-1, 3], [5, 1000]])
+def test_the_bare_triton_function_refuses_positions_past_the_cache(positions):
+    # notebooks call it directly, without the op's checks: it used to read past the cache
+    from minivllm_compile.kernels.rotary_embedding import rotary_embedding_triton
+
+    q, k = torch.randn(2, 2 * 64), torch.randn(2, 64)
+    q0, k0 = q.clone(), k.clone()
+    with pytest.raises(ValueError, match=r"rotary_embedding_triton: positions span \[.*\] but "
+                                         r"cos_sin_cache has 64 rows \(positions 0..63\)"):
+        rotary_embedding_triton(torch.tensor(positions), q, k, 64, compute_cos_sin_cache(64, 64),
+                                True)
+    assert torch.equal(q, q0) and torch.equal(k, k0)  # refused before anything was written

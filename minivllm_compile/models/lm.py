@@ -7,21 +7,49 @@ their number of tokens, which is exactly what a compiled model must absorb witho
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import threading
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from minivllm_compile.config import CompilationMode, CUDAGraphMode
-from minivllm_compile.cuda_graph import CUDAGraphWrapper, CudagraphDispatcher, capture_phase, min_cudagraph_support
+from minivllm_compile.cuda_graph import (
+    CudagraphDispatcher,
+    CUDAGraphWrapper,
+    capture_phase,
+    min_cudagraph_support,
+)
 from minivllm_compile.decorators import stock_torch_compile
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig
+from minivllm_compile.models.inputs import check_generate_args, check_prefill_inputs
 from minivllm_compile.models.layers import Attention, ShortConv
 from minivllm_compile.models.tokenizer import ByteTokenizer
 
 BLOCK_SIZE = 16
+
+# Compiled decoders share one `forward` function (HybridModel inherits LlamaModel's), and the
+# bytecode hook swaps its __code__ for the length of each call (wrapper.py, as vLLM does). vLLM runs
+# one model per process; here two threads calling two compiled models at once would run each
+# other's compiled code and could leave a swapped __code__ behind for good. So calls to compiled
+# models take turns (their CPU kernels use every core anyway); eager models run side by side, their
+# only shared state, the forward context, being per thread.
+_COMPILED_CALLS = threading.RLock()
+
+
+def _one_call_at_a_time(method):
+    """One LM serves one call at a time, whichever thread makes it: its caches (KV blocks, conv
+    state) live on its layers, and two calls at once would overwrite each other's."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 class LM:
@@ -30,6 +58,13 @@ class LM:
         self.model, self.lm_head, self.config = model, lm_head, cfg
         self.tokenizer = ByteTokenizer()
         self.checkpoint_dir = checkpoint_dir
+        if cfg.vocab_size < self.tokenizer.vocab_size:
+            where = f"{checkpoint_dir / 'config.json'}: " if checkpoint_dir is not None else ""
+            raise ValueError(
+                f"{where}vocab_size={cfg.vocab_size} is smaller than the byte tokenizer's "
+                f"{self.tokenizer.vocab_size} ids (bytes 0-255, BOS 256, EOS 257): generate() "
+                f"would feed the model ids its embedding does not have. Use vocab_size >= "
+                f"{self.tokenizer.vocab_size}.")
         # STOCK_TORCH_COMPILE is the model runner's job in vLLM: plain torch.compile of the model
         cc = getattr(model, "compilation_config", None)
         self._run_model = model
@@ -38,6 +73,9 @@ class LM:
         # CUDA graphs are the model runner's job in vLLM: resolved, dispatched and captured here
         self.cudagraph_dispatcher: CudagraphDispatcher | None = None
         self._cudagraphs_ready = cc is None or cc.cudagraph_mode == CUDAGraphMode.NONE
+        compiled = getattr(model, "do_not_compile", True) is False
+        self._call_lock = _COMPILED_CALLS if compiled else contextlib.nullcontext()
+        self._lock = threading.RLock()
 
     def _init_cudagraphs(self) -> None:
         """Before the first compile: resolve the mode down to what the splitting ops support (the
@@ -103,6 +141,7 @@ class LM:
 
     # --- forward ------------------------------------------------------------------------------
 
+    @_one_call_at_a_time
     def forward_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
                      attn_metadata: AttentionMetadata | None) -> torch.Tensor:
         """One call of the decoder inside its forward context; returns hidden states."""
@@ -115,8 +154,8 @@ class LM:
             mode, desc = self.cudagraph_dispatcher.dispatch(n, uniform_decode=uniform)
         if mode != CUDAGraphMode.NONE:
             input_ids, positions, attn_metadata = self._pad(input_ids, positions, attn_metadata, desc.num_tokens)
-        with torch.inference_mode(), set_forward_context(attn_metadata, self.model.static_forward_context,
-                                                         mode, desc):
+        with self._call_lock, torch.inference_mode(), set_forward_context(
+                attn_metadata, self.model.static_forward_context, mode, desc):
             return self._run_model(input_ids, positions)[:n]
 
     def _pad(self, input_ids, positions, md, num_padded: int):
@@ -133,6 +172,7 @@ class LM:
             md = dataclasses.replace(md, slot_mapping=torch.cat([md.slot_mapping, pad]), num_actual_tokens=n)
         return ids, pos, md
 
+    @_one_call_at_a_time
     def warmup(self, num_tokens: int | None = None) -> None:
         """Compile now, as vLLM does before serving: one dummy run at max_num_batched_tokens with no
         attention metadata (the splitting ops then write zeros), so the trace never sees a size
@@ -143,16 +183,18 @@ class LM:
         pos = torch.arange(n, device=self.device)
         if not self._cudagraphs_ready:
             self._init_cudagraphs()
-        with torch.inference_mode(), set_forward_context(None, self.model.static_forward_context):
+        with self._call_lock, torch.inference_mode(), set_forward_context(
+                None, self.model.static_forward_context):
             self._run_model(ids, pos)
         if not self._cudagraphs_ready:
             self.capture_model()
 
+    @_one_call_at_a_time
     def capture_model(self) -> None:
         """Capture every graph now, after the warm-up compile (vLLM's capture_model): largest size
         first, each after one plain run at its size (vLLM's cudagraph_num_of_warmups=1), with dummy
         inputs and no attention metadata. generate() never captures: the wrappers refuse it."""
-        with torch.inference_mode(), capture_phase():
+        with self._call_lock, torch.inference_mode(), capture_phase():
             for mode, descs in self.cudagraph_dispatcher.get_capture_descs():
                 for desc in descs:
                     ids, pos = self._input_ids[:desc.num_tokens], self._positions[:desc.num_tokens]
@@ -166,41 +208,28 @@ class LM:
         with torch.inference_mode():
             return self.lm_head(hidden_states)
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One prefill of one new sequence: logits [num_tokens, vocab] for every token."""
-        self._check_inputs(input_ids, positions)
-        # the compiled decoder takes int64, contiguous ids (what its one trace saw, as in vLLM)
-        input_ids, positions = input_ids.long().contiguous(), positions.long().contiguous()
+    @_one_call_at_a_time
+    def __call__(self, input_ids: torch.Tensor | list[int],
+                 positions: torch.Tensor | list[int]) -> torch.Tensor:
+        """One prefill of one new sequence: logits [num_tokens, vocab] for every token. The ids and
+        positions are 1-D tensors of any integer dtype, or lists of ints."""
+        input_ids, positions = check_prefill_inputs(input_ids, positions, self.config, self.device)
         n = input_ids.shape[0]
         # the tokens fill cache slots 0..n-1 in order; `positions` only feeds RoPE
         md = self.metadata([n], [n], [0], self.allocate_caches([n]))
         return self.compute_logits(self.forward_step(input_ids, positions, md))
 
-    def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
-        if input_ids.dim() != 1 or positions.dim() != 1 or input_ids.shape != positions.shape:
-            raise ValueError(f"input_ids and positions must be 1-D of the same length (num_tokens), got "
-                             f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
-        if input_ids.numel() == 0:
-            raise ValueError("input_ids is empty: give at least one token")
-        for name, t, hi in (("input_ids", input_ids, self.config.vocab_size),
-                            ("positions", positions, self.config.max_position_embeddings)):
-            if t.dtype not in (torch.int32, torch.int64):
-                raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
-            if t.device != self.device:
-                raise ValueError(f"{name} is on {t.device} but the model is on {self.device}")
-            if int(t.min()) < 0 or int(t.max()) >= hi:
-                raise ValueError(f"{name} must lie in [0, {hi}), got [{int(t.min())}, {int(t.max())}]")
-
     # --- generation ---------------------------------------------------------------------------
 
+    @_one_call_at_a_time
     def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,
                  seed: int = 0) -> list[str]:
         """KV-cached prefill of all prompts in one step, then one decode step per new token.
         Returns each prompt's continuation (greedy at temperature 0, sampled otherwise)."""
-        if isinstance(prompts, str):
-            raise TypeError("prompts must be a list of strings; wrap a single prompt in a list")
-        if max_new_tokens < 1 or temperature < 0:
-            raise ValueError(f"need max_new_tokens >= 1 and temperature >= 0, got {max_new_tokens}, {temperature}")
+        prompts, max_new_tokens, temperature, seed = check_generate_args(
+            prompts, max_new_tokens, temperature, seed)
+        if not prompts:
+            return []
         tok, cfg = self.tokenizer, self.config
         seqs = [tok.encode(p) for p in prompts]
         limit = cfg.max_position_embeddings

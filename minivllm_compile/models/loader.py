@@ -6,9 +6,11 @@ float8_e4m3fn `weight`, a float32 scalar `weight_scale` and `input_scale`; a sta
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -58,11 +60,55 @@ def expected_checkpoint(params: dict[str, torch.Tensor], cfg) -> dict[str, tuple
     return spec
 
 
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The file's tensors; a damaged file is refused naming it and saying what is wrong (the
+    safetensors library's own message names neither the file nor, often, the damage)."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:  # OSError: reading or mapping the file
+        try:
+            damage = _safetensors_damage(path) or str(e)
+        except OSError:
+            damage = str(e)
+        raise ValueError(f"{path} is not a readable safetensors file: {damage}. Copy or download "
+                         "it again, or save it again with safetensors.torch.save_file") from None
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    """What is wrong with a file that does not load, read from its layout: an 8-byte little-endian
+    header length, a JSON header, then the tensor data the header's data_offsets cover."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        first = f.read(8)
+        if len(first) < 8:
+            return f"it holds {size} bytes, fewer than the 8 that give the header's length"
+        n = int.from_bytes(first, "little")
+        if n > size - 8:
+            return (f"its first 8 bytes give a header of {n} bytes but only {size - 8} follow: the "
+                    "file is cut short, or was never a safetensors file")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            return f"its {n}-byte header is not valid JSON ({e})"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    spans = [v.get("data_offsets") for k, v in header.items()
+             if k != "__metadata__" and isinstance(v, dict)]
+    ends = [s[1] for s in spans if isinstance(s, list) and len(s) == 2 and isinstance(s[1], int)]
+    data = size - 8 - n
+    if ends and max(ends) > data:
+        return (f"its header lists {max(ends)} bytes of tensor data but the file holds {data}: it "
+                "is truncated (an interrupted download or copy?)")
+    if ends and max(ends) < data:
+        return f"it has {data - max(ends)} bytes after the last tensor its header lists"
+    return None
+
+
 def load_checkpoint_weights(model: nn.Module, lm_head: nn.Linear, cfg, path: str | Path) -> None:
     """Fill `model` (prefix "model.") and `lm_head` from model.safetensors; refuse a checkpoint
     with a missing, unexpected or mis-shaped tensor, naming it."""
     path = Path(path)
-    tensors = load_file(str(path))
+    tensors = read_safetensors(path)
     params = {f"model.{n}": p for n, p in model.named_parameters()}
     params["lm_head.weight"] = lm_head.weight
     spec = expected_checkpoint(params, cfg)
