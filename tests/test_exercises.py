@@ -38,7 +38,11 @@ def test_a_typical_wrong_answer_fails_with_its_lesson_and_not_the_right_value(ke
     assert ex.wrong_says in lesson, f"{key}: the lesson is {lesson!r}"
     # the phrase that states the right value is what the grader measured (or the solution's code),
     # never the lesson; nor is any part of the measured text
-    assert ex.gives_away in measured + exercises.solution_source(key), (key, ex.gives_away, measured)
+    assert ex.gives_away in measured + exercises.solution_source(key), (
+        key,
+        ex.gives_away,
+        measured,
+    )
     assert ex.gives_away not in lesson, f"{key}: the lesson gives the answer away: {lesson!r}"
     for part in filter(None, (p.strip() for p in measured.split(";"))):
         assert part not in lesson, f"{key}: the lesson states what was measured: {part!r}"
@@ -53,7 +57,9 @@ def test_every_exercise_has_a_section_and_two_hints_that_do_not_give_it_away(key
         assert ex.gives_away not in hint, f"{key}: a hint gives the answer away: {hint!r}"
 
 
-def test_a_wrong_answer_is_plain_text_and_the_measured_value_comes_after_two_tries(monkeypatch, capsys):
+def test_a_wrong_answer_is_plain_text_and_the_measured_value_comes_after_two_tries(
+    monkeypatch, capsys
+):
     ex = exercises.get("06.1")  # a grader that compiles nothing: quick
     monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
     monkeypatch.setattr(exercises, "_wrong_tries", exercises.Counter())
@@ -80,10 +86,17 @@ def test_reveal_shows_the_measured_value_at_the_first_try(monkeypatch, capsys):
 def test_a_right_answer_and_a_starter(monkeypatch, capsys):
     monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
     exercises.check("14.1", exercises.get("14.1").solution())
-    assert "exercise 14.1, the runtime mode and padded size of a step: your answer is right." in capsys.readouterr().out
+    assert (
+        "exercise 14.1, the runtime mode and padded size of a step: your answer is right."
+        in capsys.readouterr().out
+    )
     exercises.check("14.1")
     out = capsys.readouterr().out
-    assert "not attempted yet" in out and exercises.get("14.1").hint in out and "exercises.hint('14.1')" in out
+    assert (
+        "not attempted yet" in out
+        and exercises.get("14.1").hint in out
+        and "exercises.hint('14.1')" in out
+    )
     exercises.hint("14.1")
     assert exercises.get("14.1").deeper_hint in capsys.readouterr().out
 
@@ -103,8 +116,19 @@ def test_the_graders_compiles_are_quiet_and_the_verdict_is_the_last_line(monkeyp
     assert "Dynamo bytecode transform time" in capfd.readouterr().out
 
 
-@pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("true", True), ("on", True), ("0", False),
-                                       ("no", False), ("off", False), ("", False)])
+@pytest.mark.parametrize(
+    "value, on",
+    [
+        ("1", True),
+        ("yes", True),
+        ("true", True),
+        ("on", True),
+        ("0", False),
+        ("no", False),
+        ("off", False),
+        ("", False),
+    ],
+)
 def test_minivllm_solutions_reads_every_boolean_spelling(monkeypatch, value, on):
     monkeypatch.setenv("MINIVLLM_SOLUTIONS", value)
     assert exercises.solutions_enabled() is on
@@ -121,24 +145,38 @@ def test_a_bad_minivllm_solutions_or_key_is_an_error_that_says_what_to_do(monkey
         exercises.get("99.1")
 
 
-def test_under_the_switch_the_reference_solution_is_graded_and_a_failure_raises(monkeypatch, capsys):
+def test_under_the_switch_the_reference_solution_is_graded_and_a_failure_raises(
+    monkeypatch, capsys
+):
     monkeypatch.setenv("MINIVLLM_SOLUTIONS", "1")
     exercises.check("14.1")  # the starter's `...` is replaced by the reference solution
     assert "reference solution (MINIVLLM_SOLUTIONS=1) is right" in capsys.readouterr().out
     ex = exercises.get("14.1")
     broken = dataclasses.replace(ex, solution=ex.wrong)
     monkeypatch.setitem(exercises._REGISTRY, "14.1", broken)
-    with pytest.raises(ExerciseFailed):  # a teacher's check: a grader that fails its solution is loud
+    with pytest.raises(
+        ExerciseFailed
+    ):  # a teacher's check: a grader that fails its solution is loud
         exercises.check("14.1")
 
 
 def test_misplaced_graders_are_refused():
     with pytest.raises(ValueError, match="belongs in minivllm_compile/exercises/nb02.py"):
-        exercises.exercise("02.9", "x", section="", hint="", deeper_hint="", solution=lambda: 0, wrong=lambda: 1,
-                           wrong_says="", gives_away="")(lambda a: "")
+        exercises.exercise(
+            "02.9",
+            "x",
+            section="",
+            hint="",
+            deeper_hint="",
+            solution=lambda: 0,
+            wrong=lambda: 1,
+            wrong_says="",
+            gives_away="",
+        )(lambda a: "")
 
 
-# --- the committed notebooks -----------------------------------------------------------------------
+# --- the committed notebooks ----------------------------------------------------------------
+
 
 def _code_cells(nb: str) -> list[dict]:
     (path,) = NOTEBOOKS.glob(f"{nb}_*.ipynb")
@@ -149,7 +187,9 @@ def _text(outputs: list[dict]) -> str:
     parts = []
     for out in outputs:
         parts.append("".join(out.get("text", "")))
-        parts.extend("".join(v) if isinstance(v, list) else str(v) for v in out.get("data", {}).values())
+        parts.extend(
+            "".join(v) if isinstance(v, list) else str(v) for v in out.get("data", {}).values()
+        )
         parts.extend([out.get("ename", ""), out.get("evalue", "")] + out.get("traceback", []))
     return "\n".join(parts)
 
@@ -161,14 +201,24 @@ def test_each_exercise_cell_is_a_starter_committed_unattempted_and_never_compare
     cells = _code_cells(nb)
     for key in keys:
         checking = [c for c in cells if f'exercises.check("{key}"' in "".join(c["source"])]
-        assert len(checking) == 1, f"exercise {key}: {len(checking)} cells call exercises.check on it"
+        assert len(checking) == 1, (
+            f"exercise {key}: {len(checking)} cells call exercises.check on it"
+        )
         cell = checking[0]
-        assert "# TODO" in "".join(cell["source"]), f"exercise {key}: its cell is not a starter (no '# TODO' left)"
-        # nbval never compares this cell's output with what was committed (a teacher's run may grade)
-        assert "nbval-ignore-output" in cell["metadata"].get("tags", []), f"exercise {key}: not tagged"
+        assert "# TODO" in "".join(cell["source"]), (
+            f"exercise {key}: its cell is not a starter (no '# TODO' left)"
+        )
+        # nbval never compares this cell's output with the committed one (a teacher's run grades)
+        assert "nbval-ignore-output" in cell["metadata"].get("tags", []), (
+            f"exercise {key}: not tagged"
+        )
         shown = _text(cell["outputs"])
-        assert f"exercise {key}, " in shown and "not attempted yet" in shown, f"exercise {key}: {shown[-300:]!r}"
+        assert f"exercise {key}, " in shown and "not attempted yet" in shown, (
+            f"exercise {key}: {shown[-300:]!r}"
+        )
         assert exercises.get(key).hint in shown.replace("\n", " ")
         given_away = [v for v in VERDICTS if v in shown]
-        assert not given_away, f"exercise {key}'s committed output holds a verdict ({given_away}): {shown[-300:]!r}"
+        assert not given_away, (
+            f"exercise {key}'s committed output holds a verdict ({given_away}): {shown[-300:]!r}"
+        )
         assert not any(o["output_type"] == "error" for o in cell["outputs"])
