@@ -118,10 +118,7 @@ def main() -> int:
     ensure_installed()
     cmd = jobs[sys.argv[1]] + sys.argv[2:]
     print("+", " ".join(cmd), flush=True)
-    # The test job grades the notebooks' exercises with their reference solutions (tests/conftest.py
-    # sets the same; a student's own run leaves it unset).
-    env = {**os.environ, "MINIVLLM_SOLUTIONS": os.environ.get("MINIVLLM_SOLUTIONS", "1")} if sys.argv[1] == "test" else None
-    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    return subprocess.run(cmd, cwd=ROOT).returncode
 
 
 if __name__ == "__main__":

@@ -38,6 +38,17 @@ from minivllm_compile.forward_context import set_forward_context
 M = CompilationMode
 DEVICE = default_device()
 SKIP = "--quick: Inductor compiles in fresh processes take minutes; run without --quick"
+# torch's thread count in a fresh process (OMP_NUM_THREADS, else one per core): what the benchmarks
+# run with unless they set their own, and what every child process starts with
+DEFAULT_THREADS = torch.get_num_threads()
+_threads_used: set[int] = set()  # the thread counts the running benchmark's timings used
+
+
+def set_threads(n: int) -> None:
+    """torch.set_num_threads for a benchmark's timed work, recorded: bench.json and the summary say
+    which thread counts each benchmark ran with. (Putting the count back afterwards is not recorded.)"""
+    torch.set_num_threads(n)
+    _threads_used.add(torch.get_num_threads())
 
 
 def stats(xs: list[float]) -> dict:
@@ -117,7 +128,7 @@ DIRECT_OF = {"vllm_direct": "vllm_bytecode_hook", "bytecode_hook_direct": "bytec
 
 def overhead_child(spec: dict) -> dict:
     """In a fresh process: build spec["variants"], time calls at each size, rounds interleaved."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # (the parent records it: see bench_overhead)
     _record_whole_graph_calls()
     layers, be, sizes = spec["layers"], spec["backend"], spec["sizes"]
     calls = {}  # name -> (lm, VLLM_USE_BYTECODE_HOOK at call time or None, runner or None for direct)
@@ -179,6 +190,7 @@ def bench_overhead(q: bool) -> dict:
     groups = [["eager", "bytecode_hook", "bytecode_hook_direct", "vllm_bytecode_hook", "vllm_direct", "stock",
                "stock_direct"], ["eager", "bytecode_hook", "bytecode_hook_direct", "dynamo_no_guards"]]
     runs = [run_child("overhead", {**base, "variants": g}) for g in groups]
+    _threads_used.add(1)  # what overhead_child runs on
     sizes = [str(n) for n in base["sizes"]]
 
     def over(src: dict, a: str, b: str) -> dict:  # a minus its direct callable b, paired by round
@@ -268,7 +280,7 @@ def step_times(lms: dict, n: int, rounds: int, k: int) -> dict:
         setups[key] = (lm, torch.zeros(n, dtype=torch.long, device=DEVICE), torch.arange(n, device=DEVICE), md)
     times = {key: [] for key in lms}
     order = list(lms)
-    torch.set_num_threads(1)
+    set_threads(1)
     for r in range(rounds + 1):
         for key in (order if r % 2 else order[::-1]):
             lm, ids, pos, md = setups[key]
@@ -363,7 +375,7 @@ def bench_compile_scaling(q: bool) -> dict:
 def bench_generate(q: bool) -> dict:
     from minivllm_compile.models.tokenizer import ByteTokenizer
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    set_threads(os.cpu_count() or 1)
     nprompt, plen, steps, reps = (2, 8, 4, 2) if q else (4, 32, 32, 5)
     base = "The quick brown fox jumps over the lazy dog. " * 4
     prompts = [(str(i) + base)[:plen] for i in range(nprompt)]
@@ -497,9 +509,14 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.update(VLLM_USE_AOT_COMPILE="0", VLLM_DISABLE_COMPILE_CACHE="1", VLLM_CACHE_ROOT=f"{tmp}/vllm",
                       TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor")
     res: dict = {"meta": {"torch": torch.__version__, "device": DEVICE, "quick": a.quick, "cpus": os.cpu_count(),
-                          "python": sys.version.split()[0]}, "seconds": {}}
+                          "python": sys.version.split()[0], "torch_default_threads": DEFAULT_THREADS,
+                          "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+                 "seconds": {}, "torch_threads": {}}
+    print(f"[bench] torch threads: {DEFAULT_THREADS} by default here (OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}); a benchmark that times steps sets its own", flush=True)
     for name in a.only or NAMES:
         t0 = time.perf_counter()
+        _threads_used.clear()
         print(f"[bench] {name} ...", flush=True)
         try:
             res[name] = BENCHES[name](a.quick)
@@ -507,7 +524,9 @@ def main(argv: list[str] | None = None) -> dict:
             traceback.print_exc()
             res[name] = {"error": f"{type(e).__name__}: {e}"}
         res["seconds"][name] = round(time.perf_counter() - t0, 1)
-        print(f"[bench] {name} done in {res['seconds'][name]} s", flush=True)
+        res["torch_threads"][name] = sorted(_threads_used) or [DEFAULT_THREADS]
+        print(f"[bench] {name} done in {res['seconds'][name]} s (torch threads: "
+              f"{', '.join(map(str, res['torch_threads'][name]))})", flush=True)
         (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
     res["targets"] = targets(res)
     res["counters"] = vars(compilation_counter)

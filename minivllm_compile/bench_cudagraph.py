@@ -93,7 +93,9 @@ def bench_cuda_graphs(q: bool, device: str, sync, stats) -> dict:
         res["modes"][name]["launches_per_step"] = launches_per_step(steps[name], device)
     times = {name: [] for name in lms}
     order = list(lms)
-    torch.set_num_threads(1)
+    from minivllm_compile.bench import set_threads  # (bench imports this module: import here)
+
+    set_threads(1)
     try:
         for r in range(rounds + 1):
             for name in (order if r % 2 else order[::-1]):

@@ -1,5 +1,6 @@
-"""The tour (`python3 run.py tour`): the trained tiny models generate text, then every Triton kernel
-is checked against its reference. Later stages add the compile pipeline here."""
+"""The tour (`python3 run.py tour`): the trained tiny models generate text, tiny-llama is compiled
+under VLLM_COMPILE and writes the same text, then every Triton kernel is checked against its
+reference."""
 
 from __future__ import annotations
 
@@ -8,22 +9,43 @@ import subprocess
 import sys
 import time
 
+import torch
+
 from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter
 from minivllm_compile.envs import default_device
 from minivllm_compile.models import load_model
 
 PROMPTS = ["def fibonacci(n):\n", "for line in lines:\n", "class Stack:\n    def push(self, "]
+# How each model decodes. Greedy decoding of tiny-hybrid loops: after two of these prompts the most
+# likely next byte stays a space (it prints nothing but indentation), after the third it repeats a
+# phrase. Sampling at temperature 0.8 breaks the loop; seeded, it writes the same text every run.
+DECODING = {"tiny-llama": {"temperature": 0.0}, "tiny-hybrid": {"temperature": 0.8, "seed": 0}}
+
+
+def choose_threads(device: str) -> str:
+    """One torch thread on a CPU unless OMP_NUM_THREADS says otherwise: these tiny models gain
+    nothing from a second thread, and on a small machine a step stalls (tens of times slower)
+    whenever another program takes one of the cores its threads wait on (README, "Threads")."""
+    default = torch.get_num_threads()
+    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+        return f"1 (torch's default here: {default}; set OMP_NUM_THREADS to choose)"
+    return f"{default} (torch's default{', from OMP_NUM_THREADS' if 'OMP_NUM_THREADS' in os.environ else ''})"
 
 
 def main() -> int:
     device = default_device()
-    for name in ("tiny-llama", "tiny-hybrid"):
+    print(f"=== device {device}, torch threads: {choose_threads(device)}")
+    for name, decoding in DECODING.items():
         lm = load_model(name, device=device)
         t0 = time.perf_counter()
-        outs = lm.generate(PROMPTS, max_new_tokens=96)
+        outs = lm.generate(PROMPTS, max_new_tokens=96, **decoding)
         dt = time.perf_counter() - t0
+        how = ("greedy" if not decoding["temperature"] else
+               f"sampled at temperature {decoding['temperature']}, seed {decoding['seed']}: greedy decoding "
+               "of this model loops on indentation")
         print(f"=== {name}: {sum(p.numel() for p in lm.model.parameters()) / 1e6:.2f}M parameters, "
-              f"{len(PROMPTS)} prompts x 96 new tokens in {dt:.1f} s (eager, greedy)")
+              f"{len(PROMPTS)} prompts x 96 new tokens in {dt:.1f} s (eager, {how})")
         for p, o in zip(PROMPTS, outs):
             print(f"--- prompt {p!r}\n{p}{o}")
     compiled_tour(device)
@@ -31,7 +53,8 @@ def main() -> int:
           f"{', Triton interpreter' if device == 'cpu' else ''})", flush=True)
     # a fresh process: Triton reads TRITON_INTERPRET when torch first imports it, long before now
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
-    return subprocess.run([sys.executable, "-m", "minivllm_compile.kernels.selfcheck"], env=env).returncode
+    return subprocess.run([sys.executable, "-m", "minivllm_compile.kernels.selfcheck"], env=env,
+                          check=False).returncode
 
 
 def compiled_tour(device: str) -> None:

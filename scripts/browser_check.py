@@ -1,13 +1,20 @@
 #!/usr/bin/env python
-"""A real-browser check of a notebook's widget: JupyterLab + headless Chromium, driven by Playwright.
+"""A real-browser check of what a student sees: JupyterLab + headless Chromium, via Playwright.
 
 It starts JupyterLab (the Python that runs this script must be the project's environment, e.g.
 .venv/bin/python) on a throw-away copy of notebooks/ in a temp dir, with the notebook environment CI
-uses (TRITON_INTERPRET=1, VLLM_DISABLE_COMPILE_CACHE=1, MINIVLLM_SOLUTIONS=1, fresh VLLM_CACHE_ROOT and
-TORCHINDUCTOR_CACHE_DIR), opens the notebook (07_piecewise_backend.ipynb unless told otherwise) in
-headless Chromium, runs all cells, waits for the kernel to go idle, checks that no cell errored, finds
-the first ipywidgets slider in the outputs, moves it with the arrow keys (a mouse drag if the keys do
-nothing) and checks that the text the widget shows next to the slider changes.
+uses (TRITON_INTERPRET=1, VLLM_DISABLE_COMPILE_CACHE=1, fresh VLLM_CACHE_ROOT and
+TORCHINDUCTOR_CACHE_DIR; MINIVLLM_SOLUTIONS unset, so the exercises grade what is typed), and
+opens a notebook in headless Chromium. Then one of two checks:
+
+- a widget (the default, on 07_piecewise_backend.ipynb unless told otherwise): run all cells, wait
+  for the kernel to go idle, check that no cell errored, find the first ipywidgets slider in the
+  outputs, move it with the arrow keys (a mouse drag if the keys do nothing) and check that the
+  text the widget shows next to the slider changes;
+- an exercise (--exercise KEY, e.g. 06.1, on its notebook): the student's path, in
+  scripts/browser_exercise.py. Run the exercise's starter cell (it must say "not attempted yet"),
+  type the registered wrong answer into the cell and run it (the lesson, as plain text: no
+  traceback, not the right value), then the reference answer (it must say "your answer is right").
 
 The notebook in the repository is never opened: the copy's outputs and saved widget state are
 stripped first, so the slider found can only be one the run just made. Only the copy is saved.
@@ -16,6 +23,7 @@ Exit status: 0 the check passed; 1 it failed (a message on stderr says which ste
 2 a prerequisite is missing (chromium, playwright, jupyterlab). JupyterLab is always shut down.
 
     .venv/bin/python scripts/browser_check.py [--notebook 07_piecewise_backend.ipynb] [--timeout 1200]
+    .venv/bin/python scripts/browser_check.py --exercise 06.1
 """
 
 from __future__ import annotations
@@ -128,13 +136,13 @@ def start_lab(tmp: Path, root_dir: Path, port: int, token: str) -> tuple[subproc
     env.update(
         TRITON_INTERPRET="1",
         VLLM_DISABLE_COMPILE_CACHE="1",
-        MINIVLLM_SOLUTIONS="1",
         VLLM_CACHE_ROOT=str(tmp / "vllm_cache"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor_cache"),
         JUPYTER_CONFIG_DIR=str(tmp / "jupyter_config"),   # no user config (passwords, extensions settings)
         JUPYTER_RUNTIME_DIR=str(tmp / "jupyter_runtime"),
         PYTHONUNBUFFERED="1",
     )
+    env.pop("MINIVLLM_SOLUTIONS", None)  # a student's kernel: check() grades the answer in the cell
     for d in ("vllm_cache", "inductor_cache", "jupyter_config", "jupyter_runtime"):
         (tmp / d).mkdir()
     write_lab_settings(tmp / "lab_settings")
@@ -259,6 +267,14 @@ def run_check(args) -> None:
                       "`.venv/bin/pip install playwright` (its own browser download is not needed; "
                       "this script uses the system chromium)") from None
     chromium = find_chromium(args.chromium)
+    if args.exercise:
+        from browser_exercise import PlanError, plan
+
+        try:
+            args.plan = plan(args.exercise, Path(args.dir))
+        except (PlanError, ValueError) as e:
+            raise CheckFailed(f"--exercise {args.exercise}: {e}") from None
+        args.notebook = args.plan.notebook
 
     tmp = Path(tempfile.mkdtemp(prefix="browser_check_"))
     proc = None
@@ -329,6 +345,15 @@ def drive(page, port, token, args, nb_path: Path, log_path: Path, page_errors: l
     n_prompts = len(page.evaluate(PROMPTS_JS))
     if n_prompts == 0:
         raise CheckFailed(f"{nb} shows no code cells in JupyterLab")
+    if args.exercise:
+        from browser_exercise import drive_exercise
+
+        def kernel_idle() -> bool:
+            return kernel_states(port, token, nb) == ["idle"]
+
+        drive_exercise(page, args.plan, kernel_idle, wait_until, log, step, CheckFailed,
+                       lambda: min(300, remaining(args)))
+        return
 
     step("Run > Run All Cells")
     page.locator(".jp-NotebookPanel .jp-Notebook").first.click(position={"x": 5, "y": 5})
@@ -435,6 +460,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1200, help="seconds for the whole check (default: %(default)s)")
     ap.add_argument("--change-timeout", type=float, default=60,
                     help="seconds to wait for the widget's output to change after the move (default: %(default)s)")
+    ap.add_argument("--exercise", metavar="KEY",
+                    help="instead of the widget check: the student's path through exercise KEY "
+                         "(e.g. 06.1) in its notebook: the starter, a wrong answer, the right one")
     ap.add_argument("--chromium", help="path of the chromium binary (default: $CHROMIUM or `which chromium`)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (server log, saved copy, screenshot)")
     args = ap.parse_args(argv)
@@ -461,7 +489,12 @@ def main(argv=None) -> int:
         return 1
     finally:
         signal.alarm(0)
-    log(f"PASSED: {args.notebook}: all cells ran, the slider moved and its output changed")
+    if args.exercise:
+        log(f"PASSED: exercise {args.exercise} in {args.notebook}: the starter said 'not attempted "
+            "yet', a wrong answer got its lesson as plain text without the right value, the right "
+            "answer was told so")
+    else:
+        log(f"PASSED: {args.notebook}: all cells ran, the slider moved and its output changed")
     return 0
 
 

@@ -13,9 +13,11 @@ os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
 # run here and report nothing. One fresh directory per run; the notebook kernels inherit it.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="minivllm_test_inductor_"))
 
-# The notebooks' exercises grade their reference solutions (minivllm_compile/exercises), so nbval
-# runs every grader; a student's run leaves this unset and grades their own answers.
-os.environ.setdefault("MINIVLLM_SOLUTIONS", "1")
+# The notebooks run as a student first meets them: each exercise cell is its starter, and check()
+# prints "not attempted" without grading anything. tests/test_exercises*.py grade every reference
+# solution (and a wrong answer), once per run; MINIVLLM_SOLUTIONS=1 here would grade each a second
+# time inside the notebooks, for nothing nbval compares.
+os.environ.pop("MINIVLLM_SOLUTIONS", None)
 
 import logging  # noqa: E402
 

@@ -133,3 +133,13 @@ def test_the_whole_process_start_up_has_its_own_target():
     t = targets({"startup": {"aot_speedup_vs_cold": 12.0, "process_speedup_vs_cold": 5.0}})
     assert [(x["target"], x["pass"]) for x in t] == [("cold compile / AOT load", True),
                                                     ("cold process / warm (AOT-loading) process", False)]
+
+
+def test_the_thread_count_each_benchmark_ran_with_is_reported(quick):
+    res, stdout, _ = quick
+    threads = res["torch_threads"]
+    assert set(threads) == set(NAMES) and res["meta"]["torch_default_threads"] >= 1
+    assert threads["overhead"] == [1] and threads["fusion"] == [1]  # one thread: steady ratios
+    assert threads["generate"] == [res["meta"]["cpus"]]
+    assert "[bench] torch threads:" in stdout and "[bench] generate done in" in stdout
+    assert f"(torch threads: {res['meta']['cpus']})" in stdout

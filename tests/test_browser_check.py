@@ -1,7 +1,10 @@
-"""scripts/browser_check.py: notebook 07 in JupyterLab in headless Chromium, its slider moved.
+"""scripts/browser_check.py: notebooks in JupyterLab in headless Chromium, as a student meets them:
+notebook 07's slider moved, and exercise 06.1 worked through (the starter, a wrong answer, the
+right one).
 
 These need the system chromium and playwright; without them they skip and say what to install.
-The notebook-07 test takes about 2 minutes (it runs the whole notebook in a real kernel)."""
+The notebook-07 test takes about 2 minutes (it runs the whole notebook in a real kernel); the
+exercise test runs one cell three times."""
 
 import importlib.util
 import os
@@ -48,6 +51,37 @@ def test_the_slider_of_notebook_07_changes_its_output():
     proc, out = _run("--timeout", "900", timeout=960)
     assert proc.returncode == 0, out
     assert "PASSED" in proc.stdout and "the output changed" in proc.stdout, out
+
+
+@needs_browser
+def test_a_student_works_exercise_06_1_a_wrong_answer_first():
+    proc, out = _run("--exercise", "06.1", "--timeout", "600", timeout=660)
+    assert proc.returncode == 0, out
+    assert "PASSED: exercise 06.1" in proc.stdout, out
+    for what in ("the starter as committed", "a typical wrong answer", "the right answer"):
+        assert f"exercise 06.1: {what}" in proc.stdout, out
+
+
+@needs_browser
+def test_feedback_that_gives_the_answer_away_fails_the_exercise_check(tmp_path):
+    # a copy of the notebooks whose 06.1 cell prints the measured values on the first wrong try
+    copy = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", copy, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    path = next(copy.glob("06_*.ipynb"))
+    text = path.read_text().replace('exercises.check(\\"06.1\\", answer)',
+                                    'exercises.check(\\"06.1\\", answer, reveal=True)')
+    assert "reveal=True" in text
+    path.write_text(text)
+    proc, out = _run("--exercise", "06.1", "--dir", str(copy), "--timeout", "600", timeout=660)
+    assert proc.returncode == 1, out
+    assert "gives the right value away" in proc.stderr, out
+
+
+def test_an_exercise_whose_answer_is_a_function_is_refused_with_a_reason():
+    proc, out = _run("--exercise", "14.2", "--chromium", sys.executable, timeout=120)
+    assert proc.returncode in (1, 2), out
+    if proc.returncode == 1:  # with playwright: the plan is refused before any browser starts
+        assert "asks for a function" in proc.stderr, out
 
 
 @needs_browser

@@ -15,12 +15,16 @@ def _fails(key, answer):
     return str(failed.value)
 
 
-def test_06_1_names_each_wrong_decision_and_why():
-    said = _fails("06.1", {"aten::pow": {"packet"}, "aten::pow.Tensor_Scalar": set(),
-                           "aten::pow.default": {"torch.pow"}})
-    assert "'aten::pow.Tensor_Scalar' splits the Tensor_Scalar node" in said and "exactly this entry" in said
-    assert "torch function" in said
-    assert "'aten::pow' " not in said  # that entry was right
+def test_06_1_asks_about_each_wrong_decision_and_measures_why():
+    with pytest.raises(ExerciseFailed) as failed:
+        exercises.get("06.1").grade({"aten::pow": {"packet"}, "aten::pow.Tensor_Scalar": set(),
+                                     "aten::pow.default": {"torch.pow"}})
+    lesson, measured = failed.value.lesson, failed.value.measured
+    assert "'aten::pow.Tensor_Scalar' and the Tensor_Scalar node: what does" in lesson
+    assert "'aten::pow.default' and the torch.pow node: torch.pow is a torch function" in lesson
+    assert "'aten::pow' and" not in lesson  # that entry was right
+    assert "'aten::pow.Tensor_Scalar' splits the Tensor_Scalar node" in measured
+    assert "splits the Tensor_Scalar" not in lesson
 
 
 def test_06_1_refuses_a_malformed_answer_saying_what_to_give():
@@ -31,11 +35,17 @@ def test_06_1_refuses_a_malformed_answer_saying_what_to_give():
                                              "aten::pow.default": set()})
 
 
-def test_07_1_explains_each_wrong_lookup_and_restores_the_cache_switch(monkeypatch):
+def test_07_1_asks_about_each_wrong_lookup_and_restores_the_cache_switch(monkeypatch):
+    from minivllm_compile.exercises import nb07
+
     monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE", raising=False)
+    nb07._dispatch_truth.cache_clear()  # measure again: the switch must be put back by the measurement
     serves = {1: (1, 16), 2: Range(1, 16), 16: (16, 16), 17: (17, 48), 50: (49, 64), 64: (49, 64), 65: (49, 64)}
-    said = _fails("07.1", {"ranges": [Range(1, 16), (17, 48), (49, 64)], "serves": serves})
-    assert "num_tokens=2" in said and "wins over the range containing it" in said
-    assert "num_tokens=65" in said and "past max_num_batched_tokens=64" in said
-    assert "num_tokens=1:" not in said and "num_tokens=16:" not in said  # those were right
+    with pytest.raises(ExerciseFailed) as failed:
+        exercises.get("07.1").grade({"ranges": [Range(1, 16), (17, 48), (49, 64)], "serves": serves})
+    lesson = failed.value.lesson
+    assert "num_tokens=2: not Range(1, 16): which entry does _find_range_for_shape try first" in lesson
+    assert "num_tokens=65: not Range(49, 64): is 65 inside any entry?" in lesson
+    assert "num_tokens=1:" not in lesson and "num_tokens=16:" not in lesson  # those were right
+    assert "Range(2, 2)" not in lesson and "2 -> Range(2, 2)" in failed.value.measured
     assert "VLLM_DISABLE_COMPILE_CACHE" not in os.environ

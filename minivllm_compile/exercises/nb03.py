@@ -18,9 +18,7 @@ from minivllm_compile import (
     DynamicShapesType,
     support_torch_compile,
 )
-from minivllm_compile.exercises import ExerciseFailed, env, exercise
-
-
+from minivllm_compile.exercises import ExerciseFailed, env, exercise, measured_once
 
 
 @contextmanager
@@ -39,13 +37,14 @@ def _compile(cls: type, kind: DynamicShapesType, evaluate: bool) -> nn.Module:
         dynamic_shapes_config=DynamicShapesConfig(type=kind, evaluate_guards=evaluate)))
 
 
-def _failed_guard(error: RuntimeError) -> str:
-    """`guard  <- source line` from Dynamo's fail_on_recompile message (its first failing guard)."""
+def _failed_guard(error: RuntimeError) -> tuple[str, str]:
+    """(guard, the source line it came from) from Dynamo's fail_on_recompile message (its first
+    failing guard)."""
     line = next((l for l in str(error).splitlines() if "x.size()" in l), "")
     parts = line.strip().split("  # ")
     if len(parts) < 2:
-        return "a shape guard"
-    return f"`{parts[0].split(': ', 1)[-1]}` (from `{parts[1].strip()}`)"
+        return "a shape guard", "a line of forward"
+    return parts[0].split(": ", 1)[-1], parts[1].strip()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,9 +65,10 @@ TRACED_AT = 24  # the first call, which traces
 PROBE_SIZES = (4, 8, 12, 16, 18, 20, 30, 64)  # the later calls of 03.1
 
 
-def refusals() -> dict[int, str]:
+@measured_once
+def refusals() -> dict[int, tuple[str, str]]:
     """Chunked with evaluate_guards=True, traced at TRACED_AT tokens, then called at each of
-    PROBE_SIZES: {size: the guard that refused it}, for the refused sizes only."""
+    PROBE_SIZES: {size: (the guard that refused it, its source line)}, for the refused sizes only."""
     refused = {}
     with env(VLLM_USE_BYTECODE_HOOK="0"), _fresh_cache(Chunked):
         model = _compile(Chunked, DynamicShapesType.BACKED, evaluate=True)
@@ -85,13 +85,20 @@ def refusals() -> dict[int, str]:
 
 
 @exercise(
-    "03.1", "which calls does evaluate_guards refuse?",
+    "03.1", "which calls does evaluate_guards refuse?", section="notebook 03 §4 (evaluate_guards catches a "
+    "specialisation)",
     hint="list the questions forward asks about x.shape[0] while it is traced at 24 tokens (a branch is "
          "one; so is a view that must divide the size), what 24 answers to each, and which probe sizes "
          "answer one of them differently",
+    deeper_hint="Read Chunked.forward line by line with x.shape[0] = 24 and write down every fact about the size "
+                "that line needs: `x.view(-1, 4)` needs a size the view can split into rows of 4 (what does 24 "
+                "answer?), and `if x.shape[0] >= 16` needs the branch's answer for 24. Each fact is a shape "
+                "guard. Then take each probe size and check it against every fact: one that disagrees with any "
+                "of them is refused.",
     solution=lambda: {4, 8, 12, 18, 30},
     wrong=lambda: {4, 8, 12},
-    wrong_says="18",
+    wrong_says="rows = x.view(-1, 4)",
+    gives_away="refused: [4, 8, 12, 18, 30]",
 )
 def grade_refusals(answer: Any) -> str:
     if not isinstance(answer, (set, frozenset, list, tuple)) or not all(isinstance(n, int) for n in answer):
@@ -102,15 +109,22 @@ def grade_refusals(answer: Any) -> str:
     wrong = []
     for n in sorted(predicted - set(PROBE_SIZES)):
         wrong.append(f"{n} is not one of the probe sizes {list(PROBE_SIZES)}")
-    for n in sorted(set(truth) - predicted):
-        wrong.append(f"{n} tokens is refused: its call fails the shape guard {truth[n]}")
-    for n in sorted((predicted & set(PROBE_SIZES)) - set(truth)):
-        wrong.append(f"{n} tokens runs (= eager): it answers every question the trace asked as 24 did")
+    missing = sorted(set(truth) - predicted)
+    for source in sorted({truth[n][1] for n in missing}):
+        k = sum(truth[n][1] == source for n in missing)
+        wrong.append(f"{k} refused size(s) are missing from your set, refused by the guard that `{source}` "
+                     "recorded: that line asks a question about the size too")
+    extra = sorted((predicted & set(PROBE_SIZES)) - set(truth))
+    if extra:
+        wrong.append(f"{len(extra)} size(s) in your set run, equal to eager: a call is refused only when it "
+                     "answers one of the trace's questions differently from 24, not for being another size")
     if wrong:
-        raise ExerciseFailed("; ".join(wrong) + ". The trace at 24 recorded one shape guard per question it "
-                             "asked about the size (all folded into the frame's one SHAPE_ENV guard); a call is "
-                             "refused when it fails any of them.")
-    guards = sorted(set(truth.values()))
+        guards = "; ".join(f"{n}: `{g}` (from `{src}`)" for n, (g, src) in sorted(truth.items()))
+        raise ExerciseFailed("\n".join(wrong) + "\nThe trace at 24 recorded one shape guard per question it "
+                             "asked about the size (all folded into the frame's one SHAPE_ENV guard); a call "
+                             "is refused when it fails any of them.",
+                             measured=f"refused: {sorted(truth)}; the guard each failed first: {guards}")
+    guards = sorted({f"`{g}` (from `{src}`)" for g, src in truth.values()})
     return (f"Refused {sorted(truth)}. The guards that refused them: {' and '.join(guards)}. A "
             "branch on the size and a view that must divide it both become guards, and with evaluate_guards a "
             "call that fails one raises instead of silently running the graph traced at 24.")
@@ -138,6 +152,7 @@ OUTCOMES = ("guard", "no guard", "trace error")
 FIRST_CALL = 16
 
 
+@measured_once
 def outcome(cls: type, kind: DynamicShapesType) -> tuple[str, str]:
     """Trace `cls` at FIRST_CALL tokens with `kind` (evaluate_guards where vLLM allows it: not for
     UNBACKED), then call it at 2..15 tokens. Returns (one of OUTCOMES, what was seen)."""
@@ -172,20 +187,20 @@ def _sizes(sizes: list[int]) -> str:
     return f"{sizes[0]}..{sizes[-1]}" if contiguous and len(sizes) > 2 else ", ".join(map(str, sizes))
 
 
-_WHY = {
-    ("branch", "BACKED"): "a Python `if` needs True or False; a backed symbol answers from its hint (16) "
-                          "and records the answer as a guard",
-    ("branch", "BACKED_SIZE_OBLIVIOUS"): "size-oblivious reasoning changes only the checks torch's ops make "
-                                         "about sizes (could it be 0 or 1? is the slice end past it?); a "
-                                         "Python `if` on the size is still answered from the hint, and guarded",
-    ("branch", "UNBACKED"): "an unbacked symbol has no hint to answer `u0 > 4` from, and the trace cannot "
-                            "take both sides: Dynamo refuses ('Could not guard on data-dependent expression'; "
-                            "torch._check is the way to tell it)",
-    ("slice", "BACKED"): "x[:8] has min(8, num_tokens) rows; a backed symbol settles the min from its hint "
-                         "(16 >= 8), so the graph takes 8 rows, and guards num_tokens >= 8",
-    ("slice", "BACKED_SIZE_OBLIVIOUS"): "the slicing code asks its question size-obliviously, so the min "
-                                        "stays symbolic: no guard, and 2..7 tokens run, correct",
-    ("slice", "UNBACKED"): "with no hint the min stays symbolic: the slice needs no guard and traces fine",
+_QUESTIONS = {  # what a wrong prediction misses: a question that leads to it, never the outcome
+    ("branch", "BACKED"): "A Python `if` needs True or False while tracing: where does a backed symbol get its "
+                          "answer from, and what does Dynamo record about the answer?",
+    ("branch", "BACKED_SIZE_OBLIVIOUS"): "Size-oblivious reasoning changes only the checks torch's own ops make "
+                                         "about sizes (could it be 0 or 1? is a slice's end past it?): is a "
+                                         "Python `if` in forward one of those checks?",
+    ("branch", "UNBACKED"): "An unbacked symbol has no hint: what can the trace answer to `u0 > 4`, and can one "
+                            "graph take both sides of the `if`?",
+    ("slice", "BACKED"): "`x[:8]` has min(8, num_tokens) rows: how does a backed symbol settle that min while "
+                         "tracing at 16, and what does it record so that the graph stays valid?",
+    ("slice", "BACKED_SIZE_OBLIVIOUS"): "The slicing code asks whether 8 is past the size: does it ask "
+                                        "size-obliviously, and does such a question need the hint's answer?",
+    ("slice", "UNBACKED"): "With no hint to settle it, can min(8, num_tokens) stay symbolic in the graph, and "
+                           "does a slice need anything more than that?",
 }
 
 
@@ -199,14 +214,22 @@ def _kind(key: Any) -> DynamicShapesType | None:
 
 
 @exercise(
-    "03.2", "what each DynamicShapesType makes of a branch and a slice",
+    "03.2", "what each DynamicShapesType makes of a branch and a slice", section="notebook 03 §6 (BACKED, "
+    "UNBACKED, BACKED_SIZE_OBLIVIOUS)",
     hint="for each toy and type, ask: does the trace need to know something about num_tokens that only a "
-         "hint can tell (then BACKED guards on it and UNBACKED fails), or can torch keep it symbolic?",
+         "hint can tell, or can torch keep it symbolic?",
+    deeper_hint="Two questions per cell. (1) Does the code need a concrete True/False about the size? A Python "
+                "`if` does; a slice's min(8, n) does only if someone insists on settling it. (2) Who answers? A "
+                "backed symbol answers from its hint (16) and records the answer as a guard; an unbacked one "
+                "cannot answer, so a question that must be answered is a trace error; size-oblivious reasoning "
+                "only changes how torch's own size checks (inside ops such as slicing) are answered. §6's table "
+                "shows all three types on one toy.",
     solution=lambda: {"branch": {"BACKED": "guard", "UNBACKED": "trace error", "BACKED_SIZE_OBLIVIOUS": "guard"},
                       "slice": {"BACKED": "guard", "UNBACKED": "no guard", "BACKED_SIZE_OBLIVIOUS": "no guard"}},
     wrong=lambda: {"branch": {"BACKED": "guard", "UNBACKED": "trace error", "BACKED_SIZE_OBLIVIOUS": "no guard"},
                    "slice": {"BACKED": "guard", "UNBACKED": "no guard", "BACKED_SIZE_OBLIVIOUS": "no guard"}},
     wrong_says="branch under BACKED_SIZE_OBLIVIOUS",
+    gives_away="branch under BACKED_SIZE_OBLIVIOUS: guard",
 )
 def grade_types(answer: Any) -> str:
     form = ("answer with {toy: {type: outcome}}: toys 'branch' and 'slice', types BACKED, UNBACKED and "
@@ -219,15 +242,15 @@ def grade_types(answer: Any) -> str:
         if set(kinds) != set(DynamicShapesType) or not all(v in OUTCOMES for v in kinds.values()):
             raise ExerciseFailed(f"{form} (the row {toy!r} is not)")
         predicted[toy] = kinds
-    wrong = []
+    wrong, measured = [], []
     for toy, cls in TOYS.items():
         for kind in DynamicShapesType:
             got, seen = outcome(cls, kind)
             if predicted[toy][kind] != got:
-                wrong.append(f"{toy} under {kind.name}: you said {predicted[toy][kind]!r}, it is {got!r}: {seen}. "
-                             f"Why: {_WHY[toy, kind.name]}")
+                wrong.append(f"{toy} under {kind.name}: not {predicted[toy][kind]!r}. {_QUESTIONS[toy, kind.name]}")
+                measured.append(f"{toy} under {kind.name}: {got} ({seen})")
     if wrong:
-        raise ExerciseFailed("; ".join(wrong) + ".")
+        raise ExerciseFailed("\n".join(wrong), measured="; ".join(measured))
     return ("A branch on num_tokens needs its answer: BACKED and BACKED_SIZE_OBLIVIOUS take it from the hint "
             "and guard it, UNBACKED cannot trace it; a slice's min(8, num_tokens) is settled (and guarded) only "
             "by BACKED, the other two keep it symbolic. BACKED's slice graph is valid only from 8 tokens up; "

@@ -19,10 +19,8 @@ from minivllm_compile import (
     compilation_counter,
     support_torch_compile,
 )
-from minivllm_compile.exercises import ExerciseFailed, env, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise, measured_once
 from minivllm_compile.monitor import count_dynamo_entries
-
-
 
 
 def _trace_once(**kw: Any) -> CompilationConfig:
@@ -77,20 +75,30 @@ def run_calls() -> dict[str, Any]:
     return {"traces": traces, "entered": entered, "static_retrace": static_retrace}
 
 
-def _why_trace(i: int, got: int) -> str:
+_calls_truth = measured_once(run_calls)  # run_calls itself stays uncached: a test watches its warning
+
+
+def _trace_question(i: int, got: int) -> str:
+    """What a wrong trace count at call i misses (a question, not the count)."""
     which = CALLS[i][0]
-    first = next(j for j, (w, _) in enumerate(CALLS) if w == which) == i
-    if first:
-        return f"it is the {which} model's first call, and a first call always traces"
+    if next(j for j, (w, _) in enumerate(CALLS) if w == which) == i:
+        return "what does a model's first call do (the decorator's __call__)?"
     if which == "on":
-        return ("after its first call the hook-on model only swaps its captured code into "
-                "forward.__code__ and calls forward as plain Python: Dynamo cannot trace what it never sees")
+        return ("after its first call, the hook-on model swaps its captured code into forward.__code__ and calls "
+                "forward: can Dynamo trace a call it never sees?")
     if got:
-        return ("call 3, the hook-on model's first call, ran remove_from_cache(Toy.forward.__code__), which "
-                "drops every cache entry of that code object, the hook-off model's too (both models run "
-                "the same class's forward): the hook-off model's next call finds no entry and Dynamo traces "
-                "again")
-    return "its cache entry is still there (guards dropped, so it serves every size)"
+        return ("what did the hook-on model's first call do before compiling (wrapper.py, __call__)? Both "
+                "models run Toy.forward, one code object, and Dynamo keeps its cache entries on the code object")
+    return "a hook-off call looks up its code object's cache entry (guards dropped, it serves every size): is it still there?"
+
+
+def _entered_question(i: int) -> str:
+    which = CALLS[i][0]
+    if which == "off":
+        return "how does a hook-off call find its compiled code (§3)?"
+    if next(j for j, (w, _) in enumerate(CALLS) if w == which) == i:
+        return "what does a model's first call do?"
+    return "what does a hook-on model's later call run, and through whom (§3)?"
 
 
 def _grade_calls(answer: Any) -> str:
@@ -98,24 +106,18 @@ def _grade_calls(answer: Any) -> str:
             and all(isinstance(answer[k], (list, tuple)) and len(answer[k]) == len(CALLS) for k in answer)):
         raise ExerciseFailed(f'answer with {{"traces": [{len(CALLS)} ints], "entered": [{len(CALLS)} bools]}}, '
                              "one entry per call in nb04.CALLS, in order")
-    truth = run_calls()
-    wrong = []
-    for i, (which, n) in enumerate(CALLS):
-        said, got = answer["traces"][i], truth["traces"][i]
-        if said != got:
-            wrong.append(f"call {i + 1} ({which}, {n} tokens): you predicted {said} new trace(s), Dynamo made "
-                         f"{got}: {_why_trace(i, got)}")
-    for i, (which, n) in enumerate(CALLS):
-        said, got = bool(answer["entered"][i]), truth["entered"][i]
-        if said != got:
-            why = ("with the hook off every call goes through Dynamo's frame evaluation to find its cache "
-                   "entry (section 3)" if which == "off" else
-                   "its first call is a Dynamo compile" if got else
-                   "with the hook on, a later call never enters Dynamo (section 3)")
-            wrong.append(f"call {i + 1} ({which}, {n} tokens): you said Dynamo was{'' if said else ' not'} "
-                         f"entered; it was{'' if got else ' not'}: {why}")
+    truth = _calls_truth()
+    questions = {"traces": [], "entered": []}  # a wrong call's question, once per kind of call
+    for i in range(len(CALLS)):
+        if answer["traces"][i] != truth["traces"][i]:
+            questions["traces"].append(_trace_question(i, truth["traces"][i]))
+        if bool(answer["entered"][i]) != truth["entered"][i]:
+            questions["entered"].append(_entered_question(i))
+    wrong = [f"{what}: {len(qs)} of your {len(CALLS)} entries are wrong. Ask of them: "
+             + " ".join(dict.fromkeys(qs)) for what, qs in questions.items() if qs]
     if wrong:
-        raise ExerciseFailed("; ".join(wrong))
+        raise ExerciseFailed("\n".join(wrong), measured=f"traces per call: {truth['traces']}; Dynamo entered per "
+                             f"call: {truth['entered']}")
     static = (" That retrace happened outside a first call, so no dims were marked dynamic: its graph fits "
               "5 tokens only, and with the guards dropped nothing would stop it serving other sizes."
               if truth["static_retrace"] else "")
@@ -125,12 +127,18 @@ def _grade_calls(answer: Any) -> str:
             "call, and why a process uses one VLLM_USE_BYTECODE_HOOK setting for every model.")
 
 
-@exercise("04.1", "two models, one code object",
-          hint="a first call always traces; with the hook on, later calls never enter Dynamo; and look at "
-               "what the hook-on model's first call does before compiling (wrapper.py, __call__)",
+@exercise("04.1", "two models, one code object", section="notebook 04 §3 (Dynamo entered: every call with the "
+          "hook off, never with it on)",
+          hint="for each call, ask: is it its model's first call? Is its model's hook on or off? And what did an "
+               "earlier call do to the cache entries of the code object both models share?",
+          deeper_hint="Open TorchCompileWithNoGuardsWrapper.__call__ (minivllm_compile/wrapper.py) and read what "
+                      "a hook-on model does on its first call, before it compiles: which code object does it "
+                      "touch, and whose cache entries live there? Then replay the six calls in order, keeping a "
+                      "note of which cache entries Toy.forward's code object holds after each one.",
           solution=lambda: {"traces": [1, 0, 1, 0, 1, 0], "entered": [True, True, True, False, True, False]},
           wrong=lambda: {"traces": [1, 0, 1, 0, 0, 0], "entered": [True, True, True, False, True, False]},
-          wrong_says="remove_from_cache")
+          wrong_says="one code object",
+          gives_away="traces per call: [1, 0, 1, 0, 1, 0]")
 def grade_two_models(answer: Any) -> str:
     return _grade_calls(answer)
 
@@ -193,6 +201,7 @@ STATE_VARIANTS = {name: tuple(_count_lines(cls)) for name, cls in STATE_MODELS.i
 CALLS_PER_MODEL = 3
 
 
+@measured_once
 def state_truth() -> dict[str, tuple[bool, int]]:
     """Per variant: (the hook's check refuses it under cudagraph_mode="FULL", `count` after
     CALLS_PER_MODEL calls under cudagraph_mode="NONE"), both with the hook on."""
@@ -216,7 +225,7 @@ def state_truth() -> dict[str, tuple[bool, int]]:
     return truth
 
 
-_WHY = {
+_WHY = {  # what each variant does: shown with the measured values
     "rebind": "`self.count = self.count + 1` binds a new tensor to the buffer: the graph returns it and the "
               "transformed code replays the assignment with self._buffers.update(...) after the graph",
     "add_": "`add_` writes the buffer itself (the graph mutates an input); the transformed code assigns "
@@ -230,6 +239,22 @@ _WHY = {
                      "buffer, so no `update`, and the check does not fire). With the guards dropped nothing "
                      "notices that the value changed",
 }
+_REFUSED_QUESTION = {  # a wrong "refused?": what to look at
+    "rebind": "decompile its transformed code (decompile(model._compiled_bytecode)): what does it do with the "
+              "tensor forward binds to self.count, and is `update` among its names?",
+    "add_": "an in-place method writes the buffer's own memory: does the transformed code assign anything "
+            "back to the module?",
+    "+=": "how does Python run `self.count += 1`? An augmented assignment is an assignment: decompile the "
+          "transformed code and look for `update`",
+    "int attribute": "is a plain int attribute a buffer, and what one name does the check look for?",
+}
+_COUNT_QUESTION = {  # a wrong count: what to follow
+    "rebind": "follow one call: where does the new value go, and does the next call read it?",
+    "add_": "follow one call: which memory does add_ write, and does the next call read it?",
+    "+=": "follow one call: where does the new value go, and does the next call read it?",
+    "int attribute": "what is a Python int to Dynamo? The one trace saw count == 0; with the guards dropped, what "
+                     "does every later call's transformed code set it to?",
+}
 
 
 def _grade_state(answer: Any) -> str:
@@ -238,28 +263,37 @@ def _grade_state(answer: Any) -> str:
         raise ExerciseFailed(f"answer with {{variant: (refused under FULL, count after {CALLS_PER_MODEL} calls "
                              f"under NONE)}} for the variants {list(STATE_MODELS)}")
     truth = state_truth()
-    wrong = []
+    wrong, measured = [], []
     for name, (refused, count) in truth.items():
         said_refused, said_count = answer[name]
         if bool(said_refused) != refused:
-            wrong.append(f"{name!r}: you said the check {'refuses' if said_refused else 'allows'} it under "
-                         f"cudagraph_mode='FULL'; it {'refuses' if refused else 'allows'} it ({_WHY[name]})")
+            wrong.append(f"{name!r}, refused under cudagraph_mode='FULL': not {bool(said_refused)}. "
+                         f"{_REFUSED_QUESTION[name][0].upper()}{_REFUSED_QUESTION[name][1:]}")
         if said_count != count:
-            wrong.append(f"{name!r}: you predicted count {said_count} after {CALLS_PER_MODEL} calls with "
-                         f"cudagraph_mode='NONE'; it is {count} ({_WHY[name]})")
+            wrong.append(f"{name!r}, count after {CALLS_PER_MODEL} calls: not {said_count!r}. "
+                         f"{_COUNT_QUESTION[name][0].upper()}{_COUNT_QUESTION[name][1:]}")
+        if bool(said_refused) != refused or said_count != count:
+            measured.append(f"{name!r}: refused under FULL: {refused}, count {count} ({_WHY[name]})")
     if wrong:
-        raise ExerciseFailed("; ".join(wrong))
+        raise ExerciseFailed("\n".join(wrong), measured="; ".join(measured))
     return ("The check refuses exactly the forwards whose transformed code contains `update`: any "
             "assignment to a buffer attribute, `+=` included (it is an assignment in Python). An in-place "
             "method call such as add_ writes the buffer's own memory, which a captured graph replays; and a "
             "Python attribute is frozen at its traced value, with no check at all.")
 
 
-@exercise("04.2", "which state changes does the hook's check refuse?",
+@exercise("04.2", "which state changes does the hook's check refuse?", section="notebook 04 §5 (the hook's "
+          "safety check: a forward that assigns a buffer)",
           hint="decompile each variant's transformed code (model._compiled_bytecode, wrapper.decompile) "
                "and search for `update`; and ask what Dynamo makes of a Python int",
+          deeper_hint="Build one variant yourself, hook on, cudagraph_mode='NONE', call it once and print "
+                      "decompile(model._compiled_bytecode): the assignments after the graph call are what the "
+                      "transformed code replays. The check is `'update' in code.co_names`. For the counts, "
+                      "remember that a buffer is a tensor (an input of the graph, read fresh at every call) "
+                      "while a plain int is a constant Dynamo folds into the trace.",
           solution=lambda: {"rebind": (True, 3), "add_": (False, 3), "+=": (True, 3), "int attribute": (False, 1)},
           wrong=lambda: {"rebind": (True, 3), "add_": (False, 3), "+=": (False, 3), "int attribute": (False, 3)},
-          wrong_says="self._buffers.update")
+          wrong_says="augmented assignment",
+          gives_away="'+=': refused under FULL: True")
 def grade_state_changes(answer: Any) -> str:
     return _grade_state(answer)

@@ -14,7 +14,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
-from minivllm_compile.exercises import ExerciseFailed, exercise
+from minivllm_compile.exercises import ExerciseFailed, exercise, measured_once
 from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
 from minivllm_compile.passes import FixFunctionalizationPass
@@ -56,6 +56,7 @@ def wrapped(gm: torch.fx.GraphModule) -> Counter:
 NUM_LAYERS, NUM_TOKENS = 2, 6
 
 
+@measured_once
 def llama_counts() -> dict[str, Any]:
     """The pass on the whole NUM_LAYERS-layer Llama decoder: what it rewrote, what it left wrapped."""
     lm = build_model("llama", num_layers=NUM_LAYERS)  # eager (mode NONE): the reference
@@ -73,29 +74,39 @@ def llama_counts() -> dict[str, Any]:
     return {"rewritten": rewritten, "left wrapped": wrapped(gm)}
 
 
-_WHY_COUNT = {
-    "rms_norm": "only layer 0's input norm has no residual yet (LlamaDecoderLayer.forward: `if residual is "
-                "None`); every later norm adds the residual, as fused_add_rms_norm",
-    "fused_add_rms_norm": "each layer's post-attention norm, the input norm of every layer after the first, "
-                          "and the final norm: 2 per layer in all",
-    "rotary_embedding": "one per layer, on q and k (split out of the qkv matmul: the pass's special case)",
-    "silu_and_mul": "one per layer, in the MLP",
-    "unified_attention_with_output": "the attention op writes its output in place too, one per layer, but it "
-                                     "is not in FixFunctionalizationPass.MUTATED_ARGS (a splitting op: under "
-                                     "VLLM_COMPILE no piece the pass sees contains it)",
+_QUESTION = {  # what a wrong count misses: where to count, never the count
+    "rms_norm": "Which norms have no residual yet to add? (LlamaDecoderLayer.forward: `if residual is None`)",
+    "fused_add_rms_norm": "Count every norm that adds a residual: in each layer, and after the last layer "
+                          "(LlamaModel.forward).",
+    "rotary_embedding": "Where does each layer apply RoPE, and to what?",
+    "silu_and_mul": "Where does each layer call it?",
+    "unified_attention_with_output": "The attention op writes its output in place too: is it in "
+                                     "FixFunctionalizationPass.MUTATED_ARGS? (section 2, 'Why attention is not in "
+                                     "the table')",
 }
 
 
-@exercise("05.1", "what the pass rewrites in a two-layer Llama",
+def _counts(c: Counter) -> str:
+    return "{" + ", ".join(f"{op!r}: {n}" for op, n in sorted(c.items()) if n) + "}"
+
+
+@exercise("05.1", "what the pass rewrites in a two-layer Llama", section="notebook 05 §2 (the post-grad graph "
+          "of the tiny Llama, before and after)",
           hint="count the custom-op calls per layer in models/llama.py (LlamaDecoderLayer.forward, and what "
                "the first layer does differently), then ask which of them are in MUTATED_ARGS",
+          deeper_hint="Write LlamaModel.forward out for two layers: the embedding, then per layer the input "
+                      "norm (plain or fused with the residual? see `if residual is None`), RoPE, attention, the "
+                      "post-attention norm, the MLP's activation; then the final norm. Tick each custom op. The "
+                      "pass rewrites the ticked ops listed in FixFunctionalizationPass.MUTATED_ARGS; whatever "
+                      "else writes in place stays wrapped (§2 says why attention is not in the table).",
           solution=lambda: {"rewritten": {"rms_norm": 1, "fused_add_rms_norm": 4, "rotary_embedding": 2,
                                           "silu_and_mul": 2},
                             "left wrapped": {"unified_attention_with_output": 2}},
           wrong=lambda: {"rewritten": {"rms_norm": 2, "fused_add_rms_norm": 4, "rotary_embedding": 2,
                                        "silu_and_mul": 2},
                          "left wrapped": {}},
-          wrong_says="residual is None")
+          wrong_says="residual is None",
+          gives_away="left wrapped {'unified_attention_with_output': 2}")
 def grade_llama_counts(answer: Any) -> str:
     if not (isinstance(answer, dict) and set(answer) == {"rewritten", "left wrapped"}
             and all(isinstance(v, dict) for v in answer.values())):
@@ -103,14 +114,16 @@ def grade_llama_counts(answer: Any) -> str:
                              'their short name ("rms_norm"); an op you leave out counts as 0')
     truth = llama_counts()
     wrong = []
-    for part, verb in (("rewritten", "the pass rewrote"), ("left wrapped", "the pass left wrapped")):
+    for part in ("rewritten", "left wrapped"):
         said, got = Counter(answer[part]), truth[part]
         for op in sorted(set(said) | set(got)):
             if said[op] != got[op]:
-                why = _WHY_COUNT.get(op, "look at which ops a layer calls")
-                wrong.append(f"{part}: {op}: you predicted {said[op]}, {verb} {got[op]} ({why})")
+                how = "too many" if said[op] > got[op] else "too few"
+                wrong.append(f"{part}: {op}: you predicted {said[op]}, {how}. "
+                             + _QUESTION.get(op, f"{op} is not a custom op the two-layer Llama calls."))
     if wrong:
-        raise ExerciseFailed("; ".join(wrong))
+        raise ExerciseFailed("\n".join(wrong), measured=f"rewritten {_counts(truth['rewritten'])}; left wrapped "
+                             f"{_counts(truth['left wrapped'])}")
     per_layer = sum(truth["rewritten"].values())
     return (f"{per_layer} in-place calls rewritten in {NUM_LAYERS} layers (4 per layer plus the final norm), and "
             "the output unchanged; the attention op stays wrapped, once per layer, for Inductor to lower.")
@@ -167,12 +180,18 @@ def _mutated() -> list[str]:
     return [a.name for a in accumulate._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
 
 
-@exercise("05.2", "teach the pass a new op",
-          hint="print(accumulate._schema): which arguments carry `!`, and in which order? Section 3: getitem 0 "
-               "is the op's return value, 1, 2, ... the mutated arguments",
+@exercise("05.2", "teach the pass a new op", section="notebook 05 §3 (vLLM's getitem → argument mapping, on one "
+          "node)",
+          hint="print(accumulate._schema): which arguments does the op write (`!`)? Section 3 shows what each "
+               "getitem index of an auto_functionalized node stands for",
+          deeper_hint="An auto_functionalized node returns a tuple, and the graph reads it with getitem: what is "
+                      "at position 0 for an op that returns `()`, and in which order come the tensors it "
+                      "mutated? Section 3 prints one node and its getitems; MUTATED_ARGS maps each index the "
+                      "graph reads to the argument whose new value it is.",
           solution=lambda: {1: "total", 2: "peak"},
           wrong=lambda: {0: "total", 1: "peak"},
-          wrong_says="index 0")
+          wrong_says="index 0",
+          gives_away="{1: 'total', 2: 'peak'}")
 def grade_teach(answer: Any) -> str:
     names = [a.name for a in accumulate._schema.arguments]
     if not (isinstance(answer, dict) and answer and all(isinstance(k, int) for k in answer)
@@ -182,8 +201,8 @@ def grade_teach(answer: Any) -> str:
     mutated = _mutated()
     problems = []
     if 0 in answer:
-        problems.append("index 0 is the op's own return value (accumulate returns nothing, `-> ()`); the "
-                        "mutated arguments are numbered from 1")
+        problems.append("index 0 is the op's own return value (accumulate returns nothing, `-> ()`), not an "
+                        "argument it mutates")
     not_written = [v for v in answer.values() if v not in mutated]
     if not_written:
         problems.append(f"{not_written} {'is' if len(not_written) == 1 else 'are'} not written by the op (no `!` "
@@ -202,9 +221,10 @@ def grade_teach(answer: Any) -> str:
         else:
             problems.append(f"the pass failed ({type(inner).__name__}: {str(inner).splitlines()[0][:160]})")
     if not problems and not right:
-        problems.append(f"the rewritten graph computes something else: getitem i stands for the i-th mutated "
-                        f"argument in schema order, here {dict(enumerate(mutated, 1))}")
+        problems.append("the rewritten graph computes something else: does each index of your table stand for "
+                        "the argument whose new value the graph reads there?")
     if problems:
-        raise ExerciseFailed("with your table: " + "; ".join(problems) + f". The schema: {accumulate._schema}")
+        raise ExerciseFailed("with your table: " + "; ".join(problems) + f". The schema: {accumulate._schema}",
+                             measured=f"the table that works: {dict(enumerate(mutated, 1))}")
     return (f"The stock pass left both accumulate calls wrapped ({dict(stock_left)}); with your table it rewrote "
             f"{dict(done)} and left {dict(left) or 'nothing'} wrapped, and the output is unchanged.")

@@ -9,11 +9,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from minivllm_compile.exercises import ExerciseFailed, env, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise, measured_once
 
 ATTENTION = "minivllm::unified_attention_with_output"
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -36,22 +34,32 @@ def _pow_truth() -> dict[str, set[str]]:
     return {e: {label for label, n in nodes.items() if should_split(n, [e])} for e in POW_ENTRIES}
 
 
-def _pow_reason(entry: str, label: str) -> str:
+def _pow_question(entry: str, label: str) -> str:
+    """What a wrong (entry, node) decision misses: a question, not the decision."""
+    if label == "torch.pow":
+        return ("torch.pow is a torch function: is it an OpOverloadPacket or an OpOverload, the two kinds of "
+                "target should_split compares an entry with?")
+    if entry == "aten::pow.default":
+        return "does aten::pow have a .default overload? (torch.ops.aten.pow.overloads())"
+    if label == "packet":
+        return "what name does a packet answer to (target._qualified_op_name), and is this entry that name?"
+    return ("what does torch.ops.aten.pow.Tensor_Scalar.name() return, and which overload alone also answers "
+            "to the bare name 'ns::op'?")
+
+
+def _pow_fact(entry: str, label: str, splits: bool) -> str:
     from minivllm_compile.partition_rules import op_exists
 
+    overload = torch.ops.aten.pow.Tensor_Scalar
     if label == "torch.pow":
-        return "torch.pow is a torch function, neither an OpOverloadPacket nor an OpOverload: no entry splits it"
-    if not op_exists(entry):
-        return (f"aten::pow has no .default overload (its overloads: {', '.join(torch.ops.aten.pow.overloads()[:4])}, "
-                f"...), so {entry!r} names no op: warn_unknown_splitting_ops warns and it splits nothing")
-    packet, overload = torch.ops.aten.pow, torch.ops.aten.pow.Tensor_Scalar
-    if label == "packet":
-        return (f"a packet answers to its bare name, target._qualified_op_name = {packet._qualified_op_name!r}, "
-                "and to nothing else (never to an overload-qualified entry)")
-    if entry == overload.name():
-        return f"aten.pow.Tensor_Scalar.name() is {overload.name()!r}, exactly this entry"
-    return (f"aten.pow.Tensor_Scalar.name() is {overload.name()!r}: only a .default overload also answers to "
-            "the bare name, so the bare name does not reach .Tensor_Scalar")
+        why = "a torch function, neither an OpOverloadPacket nor an OpOverload"
+    elif not op_exists(entry):
+        why = f"aten::pow has no .default overload, so {entry!r} names no op (warn_unknown_splitting_ops warns)"
+    elif label == "packet":
+        why = f"a packet answers to its bare name, {torch.ops.aten.pow._qualified_op_name!r}, only"
+    else:
+        why = f"aten.pow.Tensor_Scalar.name() is {overload.name()!r}; only a .default overload also answers to the bare name"
+    return f"{entry!r} {'splits' if splits else 'does not split'} the {label} node: {why}"
 
 
 def _grade_pow(answer: Any) -> str:
@@ -59,7 +67,7 @@ def _grade_pow(answer: Any) -> str:
         raise ExerciseFailed(f"give a dict with one key per entry, {list(POW_ENTRIES)}, each mapped to the set "
                              f"of node labels it splits (labels: {list(POW_TARGETS)}); got {answer!r}")
     truth = _pow_truth()
-    problems = []
+    problems, facts = [], []
     for entry in POW_ENTRIES:
         said = answer[entry]
         if isinstance(said, str) or not isinstance(said, (set, frozenset, list, tuple)):
@@ -71,25 +79,30 @@ def _grade_pow(answer: Any) -> str:
             raise ExerciseFailed(f"answer[{entry!r}] has labels {sorted(unknown)}; the nodes are labelled "
                                  f"{list(POW_TARGETS)}")
         for label in sorted(said ^ truth[entry]):
-            verb = "splits" if label in truth[entry] else "does not split"
-            problems.append(f"{entry!r} {verb} the {label} node: {_pow_reason(entry, label)}")
+            problems.append(f"{entry!r} and the {label} node: {_pow_question(entry, label)}")
+            facts.append(_pow_fact(entry, label, label in truth[entry]))
     if problems:
         raise ExerciseFailed("should_split decides otherwise (partition_rules.split_names; notebook 06 §3):\n  - "
-                             + "\n  - ".join(problems))
+                             + "\n  - ".join(problems), measured="; ".join(
+                                 f"{e!r} splits {sorted(truth[e])}" for e in POW_ENTRIES) + ". " + "; ".join(facts))
     return ("Each entry splits exactly one kind of node or none: the bare name reaches the packet only "
             "(aten::pow has no .default), the overload-qualified name its overload only, 'aten::pow.default' "
             "names nothing, and torch.pow, a torch function, is never a splitting op.")
 
 
-@exercise("06.1", "which entry splits which node",
-          hint="compare each entry with what the node answers to: a packet its bare name 'ns::op', an "
-               "OpOverload its name(), which carries the overload unless it is .default "
-               "(torch.ops.aten.pow.overloads() lists what exists)",
+@exercise("06.1", "which entry splits which node", section="notebook 06 §3 (the splitting_ops format)",
+          hint="compare each entry with the name each node's target answers to (a packet, an overload, a "
+               "torch function are three kinds of target); torch.ops.aten.pow.overloads() lists what exists",
+          deeper_hint="should_split (partition_rules.py) turns each target into the names it answers to: read "
+                      "split_names. Then, in a cell: print torch.ops.aten.pow._qualified_op_name, "
+                      "torch.ops.aten.pow.Tensor_Scalar.name() and torch.ops.aten.pow.overloads(), and compare "
+                      "each of the three entries with them, string for string.",
           solution=lambda: {"aten::pow": {"packet"}, "aten::pow.Tensor_Scalar": {"Tensor_Scalar"},
                             "aten::pow.default": set()},
           wrong=lambda: {"aten::pow": {"packet", "Tensor_Scalar", "torch.pow"},  # the seed's reading
                          "aten::pow.Tensor_Scalar": {"Tensor_Scalar"}, "aten::pow.default": {"packet"}},
-          wrong_says="only a .default overload also answers to the bare name")
+          wrong_says="which overload alone also answers to the bare name",
+          gives_away="'aten::pow' splits ['packet']")
 def grade_which_entry_splits(answer: Any) -> str:
     return _grade_pow(answer)
 
@@ -101,12 +114,17 @@ EXTRA_OP = "minivllm::fused_add_rms_norm"
 L = 2
 
 
-def _split_with(splitting_ops: list[str]):
+@measured_once
+def _split_with(splitting_ops: tuple[str, ...]) -> tuple[list[tuple[str, bool]], str, Counter, int, int]:
+    """split_graph on the 2-layer Llama with these splitting ops: the pieces (name, is splitting),
+    the target of the last piece's first op, the splitting-op calls by op, the counters' deltas."""
     from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
     from minivllm_compile.models import build_model
+    from minivllm_compile.partition_rules import should_split
 
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager", compile_sizes=[4],
-                           compile_ranges_endpoints=[8], max_num_batched_tokens=32, splitting_ops=splitting_ops)
+                           compile_ranges_endpoints=[8], max_num_batched_tokens=32,
+                           splitting_ops=list(splitting_ops))
     with env(VLLM_DISABLE_COMPILE_CACHE="1"):
         lm = build_model("llama", num_layers=L, compilation_config=cc)
         before = compilation_counter.clone()
@@ -114,49 +132,55 @@ def _split_with(splitting_ops: list[str]):
         lm(torch.arange(n) % 200 + 1, torch.arange(n))
     pieces = compilation_counter.num_piecewise_graphs_seen - before.num_piecewise_graphs_seen
     compiled = compilation_counter.num_piecewise_capturable_graphs_seen - before.num_piecewise_capturable_graphs_seen
-    return lm.model.backend, pieces, compiled
+    backend = lm.model.backend
+    items = [(it.submod_name, it.is_splitting_graph) for it in backend.piecewise_graphs]
+    last = backend.piecewise_graphs[-1]
+    last_op = str(next(n.target for n in last.graph.graph.nodes if n.op == "call_function"))
+    calls = Counter(str(n.target).split(".")[-1] for n in backend.graphs[0].graph.nodes
+                    if should_split(n, list(splitting_ops)))
+    return items, last_op, calls, pieces, compiled
 
 
 def _grade_pieces(answer: Any) -> str:
-    from minivllm_compile.partition_rules import should_split
-
     if not isinstance(answer, dict) or set(answer) != {"pieces", "compiled"} \
             or not all(isinstance(v, int) for v in answer.values()):
         raise ExerciseFailed(f"give {{'pieces': int, 'compiled': int}} (what num_piecewise_graphs_seen and "
                              f"num_piecewise_capturable_graphs_seen count); got {answer!r}")
-    ops = [ATTENTION, EXTRA_OP]
-    backend, pieces, compiled = _split_with(ops)
-    items = backend.piecewise_graphs
-    calls = Counter(str(n.target).split(".")[-1] for n in backend.graphs[0].graph.nodes if should_split(n, ops))
+    items, last_op, calls, pieces, compiled = _split_with((ATTENTION, EXTRA_OP))
+    splitting = pieces - compiled
     if (answer["pieces"], answer["compiled"]) == (pieces, compiled):
-        assert items[-1].is_splitting_graph and pieces - compiled == sum(calls.values())  # what is said here
+        assert items[-1][1] and splitting == sum(calls.values())  # what is said here
         return (f"{sum(calls.values())} splitting-op calls ({calls['unified_attention_with_output']} attentions, "
-                f"{calls['fused_add_rms_norm']} fused_add_rms_norm), none consecutive, so {pieces - compiled} "
+                f"{calls['fused_add_rms_norm']} fused_add_rms_norm), none consecutive, so {splitting} "
                 f"splitting pieces; a compiled piece before each one but none after the last (the final norm "
                 f"ends the graph): {compiled}.")
-    last = items[-1]
-    together = ("none of them is next to another, so each gets a splitting piece of its own"
-                if pieces - compiled == sum(calls.values()) else "consecutive ones share a splitting piece")
-    listing = " ".join(it.submod_name + ("*" if it.is_splitting_graph else "") for it in items)
-    why = [(f"you predicted {answer['pieces']} pieces, {answer['compiled']} compiled; split_graph made "
-            f"{pieces} pieces, {compiled} compiled ({listing}, * splitting)"),
-           (f"the Dynamo graph calls a splitting op {sum(calls.values())} times "
-            f"({', '.join(f'{k} x{v}' for k, v in sorted(calls.items()))}); "
-            f"{together}: {pieces - compiled} splitting pieces (count the fused_add_rms_norm calls in notebook 06 "
-            "§1's table: layer 0 starts with rms_norm, every later norm is fused)")]
-    if last.is_splitting_graph:
-        op = next(n for n in last.graph.graph.nodes if n.op == "call_function")
-        why.append(f"a compiled piece sits before every splitting piece, but none after the last: the graph "
-                   f"ends with {op.target} (the final norm), and nothing follows it, so there are as many "
-                   f"compiled pieces as splitting ones, {compiled}, not one more")
-    raise ExerciseFailed("\n  - ".join(why))
+    said_splitting = answer["pieces"] - answer["compiled"]
+    why = []
+    if said_splitting != splitting:
+        why.append("your counts make a different number of splitting pieces (pieces - compiled) than the graph "
+                   "has: count the calls of each splitting op in the 2-layer graph again (notebook 06 §1's table: "
+                   "which norms are fused_add_rms_norm, and how does layer 0 start?), and ask whether any two of "
+                   "them are next to each other")
+    if answer["compiled"] != compiled:
+        why.append("a compiled piece sits before every splitting piece: is there also one after the last? Look "
+                   "at what ends the graph, and whether it is a splitting op")
+    listing = " ".join(name + ("*" if is_splitting else "") for name, is_splitting in items)
+    raise ExerciseFailed("\n".join(why) or "count again", measured=(
+        f"split_graph made {pieces} pieces, {compiled} compiled ({listing}, * splitting); the splitting-op calls: "
+        f"{', '.join(f'{k} x{v}' for k, v in sorted(calls.items()))}; the last piece runs {last_op}"))
 
 
-@exercise("06.2", "add fused_add_rms_norm to splitting_ops: how many pieces",
+@exercise("06.2", "add fused_add_rms_norm to splitting_ops: how many pieces", section="notebook 06 §1 and §2 "
+          "(how split_graph cuts)",
           hint="count the calls of each splitting op in the 2-layer graph (notebook 06 §1 lists every piece's "
                "ops), then ask what sits before, between and after them",
+          deeper_hint="Write the 2-layer graph's custom-op calls in order (§1's table, piece by piece, without "
+                      "the cuts) and circle every call of a splitting op. §2's rules: each circled call (or run "
+                      "of adjacent ones) becomes one splitting piece, and the ops between two of them, before the "
+                      "first and after the last, become compiled pieces, if there are any ops there.",
           solution=lambda: {"pieces": 12, "compiled": 6},
           wrong=lambda: {"pieces": 13, "compiled": 7},
-          wrong_says="none after the last")
+          wrong_says="is there also one after the last",
+          gives_away="made 12 pieces, 6 compiled")
 def grade_pieces_with_fused_norm(answer: Any) -> str:
     return _grade_pieces(answer)

@@ -8,11 +8,9 @@ from typing import Any
 
 import torch
 
-from minivllm_compile.exercises import ExerciseFailed, env, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise, measured_once
 
 L = 1  # one layer: two compiled pieces, cheap to compile
-
-
 
 
 def _tokens(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +48,25 @@ SIZES, ENDPOINTS, MAX_TOKENS = [2, 16], [1, 16, 48, 100], 64
 QUERIES = (1, 2, 16, 17, 50, 64, 65)
 
 
+@measured_once
+def _dispatch_truth() -> tuple[list[tuple[int, int]], list[int], dict[int, tuple[int, int] | None]]:
+    """The ranges get_compile_ranges() gives, the compile sizes, and the entry each of QUERIES runs."""
+    from minivllm_compile.models import build_model
+
+    cc = _config("eager", compile_sizes=SIZES, compile_ranges_endpoints=ENDPOINTS, max_num_batched_tokens=MAX_TOKENS)
+    ranges = [(r.start, r.end) for r in cc.get_compile_ranges()]
+    with env(VLLM_DISABLE_COMPILE_CACHE="1"):
+        lm = build_model("llama", num_layers=L, compilation_config=cc)
+        lm(*_tokens(10))  # the first call compiles every piece for every entry
+    truth = {}
+    for n in QUERIES:
+        found = {(e.compile_range.start, e.compile_range.end) if e else None
+                 for e in (p._find_range_for_shape(n) for p in lm.model.backend.piecewise_backends)}
+        assert len(found) == 1, found  # every piece has the same entries
+        truth[n] = found.pop()
+    return ranges, list(cc.compile_sizes), truth
+
+
 def _grade_dispatch(answer: Any) -> str:
     if not isinstance(answer, dict) or set(answer) != {"ranges", "serves"}:
         raise ExerciseFailed(f"give {{'ranges': [...], 'serves': {{n: entry, ...}}}}; got {answer!r}")
@@ -61,62 +78,53 @@ def _grade_dispatch(answer: Any) -> str:
         raise ExerciseFailed(f"answer['serves'] must map each num_tokens in {list(QUERIES)} to the entry that runs "
                              f"it; got {serves!r}")
     said = {n: _as_pair(serves[n], f"answer['serves'][{n}]") for n in QUERIES}
-
-    cc = _config("eager", compile_sizes=SIZES, compile_ranges_endpoints=ENDPOINTS, max_num_batched_tokens=MAX_TOKENS)
-    ranges = [(r.start, r.end) for r in cc.get_compile_ranges()]
+    ranges, sizes, truth = _dispatch_truth()
+    measured = (f"get_compile_ranges() gives {', '.join(map(_show, ranges))}; _find_range_for_shape: "
+                + ", ".join(f"{n} -> {_show(truth[n])}" for n in QUERIES))
     if said_ranges != ranges:
-        kept = cc.compile_ranges_endpoints
-        dropped = [e for e in ENDPOINTS if e not in kept]
         raise ExerciseFailed(
-            f"you predicted ranges {', '.join(map(_show, said_ranges))}; get_compile_ranges() gives "
-            f"{', '.join(map(_show, ranges))}. vLLM keeps only the endpoints e with 1 < e < max_num_batched_tokens "
-            f"(kept {kept}, dropped {dropped} without a word), appends max_num_batched_tokens={MAX_TOKENS} and cuts "
-            "[1, max] after each endpoint; the compile sizes are not ranges (notebook 07 §1)")
-
-    from minivllm_compile.models import build_model
-
-    with env(VLLM_DISABLE_COMPILE_CACHE="1"):
-        lm = build_model("llama", num_layers=L, compilation_config=cc)
-        lm(*_tokens(10))  # the first call compiles every piece for every entry
-    pieces = lm.model.backend.piecewise_backends
-    truth = {}
-    for n in QUERIES:
-        found = {(e.compile_range.start, e.compile_range.end) if e else None
-                 for e in (p._find_range_for_shape(n) for p in pieces)}
-        assert len(found) == 1, found  # every piece has the same entries
-        truth[n] = found.pop()
+            f"your ranges {', '.join(map(_show, said_ranges))} are not what get_compile_ranges() builds. vLLM "
+            "keeps only the endpoints e with 1 < e < max_num_batched_tokens (dropping the others without a word), "
+            "appends max_num_batched_tokens and cuts [1, max] after each endpoint; the compile sizes are not "
+            "ranges (notebook 07 §1)", measured=measured)
     problems = []
     for n in QUERIES:
         if said[n] == truth[n]:
             continue
         if truth[n] is None:
-            why = (f"{n} is past max_num_batched_tokens={MAX_TOKENS}, outside every entry: __call__ raises "
-                   "ValueError (nothing is compiled at run time)")
-        elif truth[n][0] == truth[n][1]:
-            container = next(r for r in ranges if r[0] <= n <= r[1])
-            why = f"{n} is a compile size, so Range({n}, {n}) wins over the range containing it, {_show(container)}"
+            why = (f"is {n} inside any entry? Read what PiecewiseBackend.__call__ does for a num_tokens outside "
+                   "them all (notebook 07 §6)")
+        elif said[n] is None:
+            why = f"is {n} really outside every entry? Check it against the sizes and the ranges"
+        elif said[n][0] == said[n][1] and n not in sizes:
+            why = f"is {n} a compile size? (compile_sizes={sizes})"
         else:
-            why = (f"{n} is not a compile size (compile_sizes={cc.compile_sizes}), so the range containing it "
-                   f"serves it")
-        problems.append(f"num_tokens={n}: you said {_show(said[n])}, _find_range_for_shape gives "
-                        f"{_show(truth[n])}: {why}")
+            why = "which entry does _find_range_for_shape try first, a compile size or the range containing it?"
+        problems.append(f"num_tokens={n}: not {_show(said[n])}: {why}")
     if problems:
         raise ExerciseFailed("the ranges are right, but not every lookup (notebook 07 §2):\n  - "
-                             + "\n  - ".join(problems))
+                             + "\n  - ".join(problems), measured=measured)
     return (f"Endpoints 1 and 100 are dropped, so the ranges are {', '.join(map(_show, ranges))}; the sizes 2 and "
             "16 win over Range(1, 16), 1 has no size of its own, and 65 has no entry at all.")
 
 
-@exercise("07.1", "the compile ranges, and which entry serves num_tokens = n",
-          hint="filter the endpoints as VllmConfig._set_compile_ranges does (1 < e < max_num_batched_tokens), "
-               "append max_num_batched_tokens, cut [1, max]; then a compile size wins over its range",
+@exercise("07.1", "the compile ranges, and which entry serves num_tokens = n", section="notebook 07 §1 (sizes and "
+          "ranges) and §2 (dispatch by num_tokens)",
+          hint="read how get_compile_ranges() builds the ranges from the endpoints (which endpoints does it "
+               "keep?); then, for each n, which entry _find_range_for_shape tries first",
+          deeper_hint="In a cell, build the config and print cc.compile_ranges_endpoints after construction: "
+                      "compare it with what you passed, and read VllmConfig._set_compile_ranges in vLLM (or "
+                      "config.py here) for the rule. The ranges cover [1, max_num_batched_tokens] without gaps. "
+                      "For the lookups read PiecewiseBackend._find_range_for_shape: what it checks first, what "
+                      "second, and what it returns when nothing matches.",
           solution=lambda: {"ranges": [(1, 16), (17, 48), (49, 64)],
                             "serves": {1: (1, 16), 2: (2, 2), 16: (16, 16), 17: (17, 48), 50: (49, 64),
                                        64: (49, 64), 65: None}},
           wrong=lambda: {"ranges": [(1, 1), (2, 16), (17, 48), (49, 64)],
                          "serves": {1: (1, 1), 2: (2, 2), 16: (16, 16), 17: (17, 48), 50: (49, 64),
                                     64: (49, 64), 65: None}},
-          wrong_says="1 < e < max_num_batched_tokens")
+          wrong_says="1 < e < max_num_batched_tokens",
+          gives_away="gives Range(1, 16), Range(17, 48), Range(49, 64)")
 def grade_dispatch(answer: Any) -> str:
     return _grade_dispatch(answer)
 
@@ -127,14 +135,13 @@ def grade_dispatch(answer: Any) -> str:
 COUNT_SIZES, COUNT_ENDPOINTS, COUNT_MAX = [4, 8], [1, 7, 8, 16], 16
 
 
-def _grade_compiles(answer: Any) -> str:
+@measured_once
+def _compiles_truth() -> dict[str, Any]:
+    """Compile the 1-layer Llama with Inductor: the compiles of its first call and of the calls
+    at every num_tokens after it, and the pieces and entries behind them."""
     from minivllm_compile import Range, compilation_counter
     from minivllm_compile.models import build_model
 
-    if not isinstance(answer, dict) or set(answer) != {"first_call", "later_calls"} \
-            or not all(isinstance(v, int) for v in answer.values()):
-        raise ExerciseFailed(f"give {{'first_call': int, 'later_calls': int}}, two num_inductor_compiles deltas; "
-                             f"got {answer!r}")
     cc = _config("inductor", compile_sizes=COUNT_SIZES, compile_ranges_endpoints=COUNT_ENDPOINTS,
                  max_num_batched_tokens=COUNT_MAX)
     with env(VLLM_DISABLE_COMPILE_CACHE="1"):
@@ -147,43 +154,60 @@ def _grade_compiles(answer: Any) -> str:
             lm(*_tokens(n))
         later = compilation_counter.num_inductor_compiles - middle.num_inductor_compiles
     backend = lm.model.backend
-    pieces = backend.piecewise_backends
-    compiled, all_pieces = len(pieces), len(backend.piecewise_graphs)
-    entries = list(pieces[0].range_entries)
     ranges = cc.get_compile_ranges()
-    both = [s for s in cc.compile_sizes if Range(s, s) in ranges]
+    return {"first": first, "later": later, "compiled": len(backend.piecewise_backends),
+            "all_pieces": len(backend.piecewise_graphs), "entries": list(backend.piecewise_backends[0].range_entries),
+            "ranges": ranges, "sizes": list(cc.compile_sizes), "endpoints": list(cc.compile_ranges_endpoints),
+            "both": [s for s in cc.compile_sizes if Range(s, s) in ranges]}
+
+
+def _grade_compiles(answer: Any) -> str:
+    if not isinstance(answer, dict) or set(answer) != {"first_call", "later_calls"} \
+            or not all(isinstance(v, int) for v in answer.values()):
+        raise ExerciseFailed(f"give {{'first_call': int, 'later_calls': int}}, two num_inductor_compiles deltas; "
+                             f"got {answer!r}")
+    t = _compiles_truth()
+    first, later, compiled, entries = t["first"], t["later"], t["compiled"], t["entries"]
     assert first == compiled * len(entries), (first, compiled, entries)
-    explain = (f"Endpoints {COUNT_ENDPOINTS} filtered to {cc.compile_ranges_endpoints} give ranges {ranges}; with "
-               f"compile_sizes {cc.compile_sizes} each compiled piece has {len(entries)} entries ({entries}), and "
-               f"the {compiled} compiled pieces (of {all_pieces}: the splitting pieces run eagerly, uncompiled) "
+    explain = (f"Endpoints {COUNT_ENDPOINTS} filtered to {t['endpoints']} give ranges {t['ranges']}; with "
+               f"compile_sizes {t['sizes']} each compiled piece has {len(entries)} entries ({entries}), and "
+               f"the {compiled} compiled pieces (of {t['all_pieces']}: the splitting pieces run eagerly, uncompiled) "
                f"make {compiled} x {len(entries)} = {first}")
     problems = []
-    if answer["first_call"] != first:
-        said = answer["first_call"]
-        if said == compiled * (len(cc.compile_sizes) + len(ranges)) and both:
-            problems.append(f"first call: you said {said}, the seed's count; {first} ran: a compile size that is "
-                            f"already a range ({', '.join(f'Range({s}, {s})' for s in both)}) is compiled once, "
-                            "not twice (vLLM: `if range not in self.compile_ranges`)")
-        elif said == all_pieces * len(entries):
-            problems.append(f"first call: you said {said}, counting every piece; {first} ran: only the "
-                            f"{compiled} compiled pieces are compiled")
+    said = answer["first_call"]
+    if said != first:
+        if said == compiled * (len(t["sizes"]) + len(t["ranges"])) and t["both"]:
+            problems.append(f"first call: you said {said}, the seed's count: you counted a compile size that is "
+                            "also a range twice; vLLM compiles it once (`if range not in self.compile_ranges`)")
+        elif said == t["all_pieces"] * len(entries):
+            problems.append(f"first call: you said {said}, counting every piece: which pieces does Inductor "
+                            "compile, and which run eagerly?")
         else:
-            problems.append(f"first call: you said {said}; {first} ran")
-        problems.append(explain)
+            problems.append(f"first call: you said {said}. Count the entries of one compiled piece (filter the "
+                            "endpoints first, then one entry per size and one per range, a size that is already a "
+                            "range once) and multiply by the compiled pieces")
     if answer["later_calls"] != later:
-        problems.append(f"calls for num_tokens 1..{COUNT_MAX} after it: you said {answer['later_calls']}; {later} "
-                        "ran: every entry was compiled at start-up, and a num_tokens between them runs the range "
-                        "containing it; compile_sizes are warm-up, not recompile triggers (seed §5)")
+        problems.append(f"calls for num_tokens 1..{COUNT_MAX} after it: not {answer['later_calls']}. What does "
+                        "PiecewiseBackend do at run time for a num_tokens that is not a compile size? (notebook 07 "
+                        "§2 and §6; seed §5)")
     if problems:
-        raise ExerciseFailed("num_inductor_compiles says otherwise (notebook 07 §5):\n  - " + "\n  - ".join(problems))
+        raise ExerciseFailed("num_inductor_compiles says otherwise (notebook 07 §5):\n  - " + "\n  - ".join(problems),
+                             measured=explain + f"; later calls: {later}")
     return explain + f"; then {later} for every num_tokens 1..{COUNT_MAX}: all compiled up front."
 
 
-@exercise("07.2", "how many Inductor compiles",
-          hint="filter the endpoints first, count one entry per size and per range (a size that is already a "
-               "range once), and multiply by the pieces that are compiled, not the splitting ones",
+@exercise("07.2", "how many Inductor compiles", section="notebook 07 §5 (how many compilations)",
+          hint="count the entries of one compiled piece (sizes and ranges, after the endpoints are filtered) and "
+               "the pieces that are compiled; then ask whether a later call at a num_tokens between the entries "
+               "compiles anything",
+          deeper_hint="First the entries: filter the endpoints as in 07.1, list the ranges, add one entry per "
+                      "compile size unless that size is already a range (vLLM: `if range not in "
+                      "self.compile_ranges`). Then the pieces of a 1-layer Llama (notebook 06 §1: 2L+1 pieces, "
+                      "L+1 of them compiled). first_call = compiled pieces x entries. For later_calls, reread "
+                      "§2: at run time PiecewiseBackend only looks an entry up.",
           solution=lambda: {"first_call": 8, "later_calls": 0},
           wrong=lambda: {"first_call": 10, "later_calls": 0},
-          wrong_says="compiled once")
+          wrong_says="twice",
+          gives_away="2 x 4 = 8")
 def grade_compiles(answer: Any) -> str:
     return _grade_compiles(answer)

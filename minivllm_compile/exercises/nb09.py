@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from minivllm_compile.exercises import ExerciseFailed, env, exercise
-
-
-
+from minivllm_compile.exercises import ExerciseFailed, env, exercise, measured_once
 
 # ---------------------------------------------------------------------------------------------
 # 09.1: which factor of the key covers each change
@@ -63,6 +61,32 @@ CHANGES: dict[str, str] = {
         "dropped they are baked into the compiled code",
 }
 
+# label -> what to look at when the factor named for it is wrong (a question, not the factor)
+QUESTIONS: dict[str, str] = {
+    "compile_sizes=[4, 8]": "Does it change what is compiled? Then find which factor hashes CompilationConfig's "
+                            "fields (CompilationConfig.compute_hash).",
+    "cudagraph_mode='PIECEWISE'": "Is every CompilationConfig field hashed? Read CompilationConfig.HASH_EXCLUDED, "
+                                  "and ask whether wrapping the compiled pieces in CUDA graphs changes the pieces.",
+    "rms_norm_eps 1e-05 -> 1e-06 in config.json": "The eps is a plain float an RMSNorm holds: is it a graph input "
+                                                  "(a tensor) or a value Dynamo bakes into the graph? Which factor "
+                                                  "hashes the module tree's plain values (caching.model_constants)?",
+    "other weights, same shapes (a fine-tuned checkpoint)": "Weights are graph inputs: which of their properties "
+                                                            "are hashed, and are their values among them?",
+    "a comment added to models/llama.py": "Which factor hashes the files Dynamo traced, and by what: their text, "
+                                          "or the code it compiles to?",
+    "the model built under set_model_tag('draft')": "set_model_tag names which compiled part of a model this is: "
+                                                    "where does the tag go (§2's tree)?",
+    "one line of the user's post-grad pass edited": "How is a user's pass keyed: by its repr (an address, new in "
+                                                    "every process) or by its uuid, the hash of its source? Which "
+                                                    "factor holds the passes' uuids?",
+    "torch._inductor.config.max_autotune = True in this process": "Inductor's own settings in this process are "
+                                                                  "not the config's inductor_compile_config: which "
+                                                                  "factor hashes torch._inductor.config?",
+    "the first call passes input_ids as int32": "With the guards dropped, the first call's dtypes, devices, static "
+                                                "sizes and contiguity are baked into the compiled code: which "
+                                                "factor holds them?",
+}
+
 _KEY_SOLUTION = {
     "compile_sizes=[4, 8]": "config",
     "cudagraph_mode='PIECEWISE'": None,
@@ -76,6 +100,7 @@ _KEY_SOLUTION = {
 }
 
 
+@measured_once
 def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
     """For each change: the backend-key factors it moves, and whether the AOT key moves; and the
     backend key's factors."""
@@ -190,7 +215,7 @@ def _grade_keys(answer: Any) -> str:
     said = {label: _factor_of(answer[label], label, known) for label in CHANGES}
     truth, names = _key_truth()
     assert names == known, (names, known)
-    problems = []
+    problems, measured = [], []
     for label, why in CHANGES.items():
         said_factor = said[label]
         moved, _ = truth[label]
@@ -198,11 +223,13 @@ def _grade_keys(answer: Any) -> str:
         real = moved[0] if moved else None
         if said_factor == real:
             continue
-        did = f"it moves '{real}'" if real else "the key stays the same: no factor moves"
-        problems.append(f"{label}: you said {said_factor!r}; {did}. Why: {why}")
+        problems.append(f"{label}: not {said_factor!r}. {QUESTIONS[label]}")
+        did = f"it moves '{real}'" if real else "the key stays the same"
+        measured.append(f"{label}: {did} ({why})")
     if problems:
         raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed with caching.backend_cache_key; "
-                             "notebook 09 §4 and §8, the factor table):\n  - " + "\n  - ".join(problems))
+                             "notebook 09 §4 and §8, the factor table):\n  - " + "\n  - ".join(problems),
+                             measured="; ".join(measured))
     new_key = [label for label, (moved, _) in truth.items() if moved]
     aot_blind = [label for label in new_key if not truth[label][1]]
     assert aot_blind == ["a comment added to models/llama.py"], aot_blind
@@ -211,14 +238,22 @@ def _grade_keys(answer: Any) -> str:
             "cannot know the traced files, and the AOT load checks their sources instead (caching.changed_sources).")
 
 
-@exercise("09.1", "which factor of the cache key covers each change",
+@exercise("09.1", "which factor of the cache key covers each change", section="notebook 09 §3, §4 and §8 "
+          "(the keys, what invalidates them, what they cover)",
           hint="read what each factor hashes in section 8's table, and CompilationConfig.HASH_EXCLUDED for the "
                "config fields left out; tell a tensor's shape from its values, and both from a plain Python "
                "value a module holds",
+          deeper_hint="For each change ask two questions. Does it change the code Inductor would generate? If "
+                      "not (something only wraps the compiled pieces, or only the numbers in a tensor), the key "
+                      "should stay the same. If it does, where does the change live: in the config object, in "
+                      "the model's plain values, in a traced file's text, in a pass's source, in Inductor's "
+                      "process-wide settings, in the first call's tensors, or in the folder name? Each place is "
+                      "one factor: caching.py's docstring lists what each one hashes.",
           solution=lambda: dict(_KEY_SOLUTION),
           wrong=lambda: {**_KEY_SOLUTION, "cudagraph_mode='PIECEWISE'": "config",
                          "one line of the user's post-grad pass edited": "config"},
-          wrong_says="HASH_EXCLUDED")
+          wrong_says="HASH_EXCLUDED",
+          gives_away="cudagraph_mode='PIECEWISE': the key stays the same")
 def grade_keys(answer: Any) -> str:
     return _grade_keys(answer)
 
@@ -232,7 +267,8 @@ COUNTERS = ("num_graphs_seen", "num_backend_compilations", "num_inductor_compile
 LAYERS, SIZES, MAX_TOKENS = 1, [], 16
 
 
-def _starts_truth() -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+@measured_once
+def _starts_truth() -> tuple[dict[str, dict[str, int]], dict[str, Any]]:
     """Four first calls into a fresh cache: cold and warm, then cold and warm with the mega
     artifact off (its own key: VLLM_USE_MEGA_AOT_ARTIFACT is among the 'envs' factor)."""
     from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
@@ -286,14 +322,24 @@ def _grade_starts(answer: Any) -> str:
                           f"backend compilations), which finds each in its index (vllm_compile_cache.py) and loads "
                           f"it ({n} artifacts loaded, 0 Inductor compiles)"),
     }
-    problems = []
+    questions = {
+        "cold": "Nothing is on disk yet: how many pieces are compiled, for how many entries each (one per size, "
+                "one per range)? What is saved, what is loaded?",
+        "warm": "With the mega artifact on (the default from torch 2.12), what does the AOT file hold, and does "
+                "the load run Dynamo, the backend or Inductor? (§1, §2)",
+        "warm_non_mega": "Without the mega artifact the AOT file holds the Dynamo graph: what runs on it at the "
+                         "load, and what does CompilerManager.compile then find in the index for each piece and "
+                         "entry? (§2, 'Without the mega artifact')",
+    }
+    problems, measured = [], []
     for s in STARTS:
-        wrong = [f"{c}: you said {answer[s][c]}, it was {truth[s][c]}" for c in COUNTERS if answer[s][c] != truth[s][c]]
+        wrong = [c for c in COUNTERS if answer[s][c] != truth[s][c]]
         if wrong:
-            problems.append(f"{s}: " + "; ".join(wrong) + f". Why: {why[s]}")
+            problems.append(f"{s}: {', '.join(wrong)} wrong. {questions[s]}")
+            measured.append(f"{s}: " + ", ".join(f"{c} {truth[s][c]}" for c in COUNTERS) + f" ({why[s]})")
     if problems:
         raise ExerciseFailed("the counters of the four first calls into a fresh cache say otherwise (notebook 09 "
-                             "§1 and §2):\n  - " + "\n  - ".join(problems))
+                             "§1 and §2):\n  - " + "\n  - ".join(problems), measured="; ".join(measured))
     return (f"Cold: {n} compiles ({shape['compiled']} compiled pieces x {shape['entries']} entry per piece, "
             f"{shape['entry_names']}); warm: one AOT "
             f"load and {n} artifacts, nothing traced; warm without the mega artifact: the backend runs again on "
@@ -309,14 +355,21 @@ def _starts_solution() -> dict[str, dict[str, int]]:
                               "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2}}
 
 
-@exercise("09.2", "cold, warm, and warm without the mega artifact",
-          hint="count the compiled pieces (not the attention ones) times the entries (sizes + ranges); a warm "
-               "mega load runs no backend; a warm non-mega load runs the backend on the saved Dynamo graph and "
-               "loads what it would compile",
+@exercise("09.2", "cold, warm, and warm without the mega artifact", section="notebook 09 §1 and §2 (cold, warm "
+          "and AOT-load starts; what is on disk)",
+          hint="count the compiled pieces and the entries per piece first; then read §2 for what the AOT file "
+               "holds with and without the mega artifact, and what a load runs",
+          deeper_hint="Cold: one trace, one split, then one backend compilation (and one Inductor compile) per "
+                      "compiled piece and entry. Warm: open §2's tree and the cell that lists the AOT file's "
+                      "contents: if the artifacts are inside it, what is left for Dynamo, the backend or Inductor "
+                      "to do? Warm without the mega artifact: the file holds a graph, not kernels: the backend "
+                      "must run on that graph, and for each piece it asks CompilerManager, which looks in its "
+                      "index before it compiles.",
           solution=_starts_solution,
           # the non-mega load taken for a mega one: no backend run
           wrong=lambda: {**_starts_solution(), "warm_non_mega": {
               **_starts_solution()["warm_non_mega"], "num_graphs_seen": 0, "num_backend_compilations": 0}},
-          wrong_says="warm_non_mega: num_graphs_seen")
+          wrong_says="holds the Dynamo graph",
+          gives_away="warm_non_mega: num_graphs_seen 1")
 def grade_starts(answer: Any) -> str:
     return _grade_starts(answer)

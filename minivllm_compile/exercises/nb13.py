@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import torch
 
-from minivllm_compile.exercises import ExerciseFailed, exercise
+from minivllm_compile.exercises import ExerciseFailed, exercise, measured_once
 
 MAX_TOKENS = 16  # max_num_batched_tokens of every grader's model: small ranges compile fast
 LIMIT = 8  # 13.1's qk_norm_rope_fusion_max_token_num
@@ -76,14 +76,9 @@ def _qk_wrong() -> dict[str, int]:
     return {"matches": 2, "calls": 2}  # one match per attention layer
 
 
-@exercise("13.1", "predict a range-gated fusion's matches",
-          hint="list the entries (the limit 8 is a compile-range endpoint), the pieces that hold a q/k "
-               "norm + RoPE, and which of those pieces Inductor compiles (identical ones compile once)",
-          solution=_qk_solution, wrong=_qk_wrong, wrong_says="identical")
-def grade_qk_matches(answer: dict) -> str:
-    if not isinstance(answer, dict) or set(answer) != {"matches", "calls"} or not all(
-            isinstance(v, int) for v in answer.values()):
-        raise ExerciseFailed(f"answer a dict {{'matches': int, 'calls': int}}, got {answer!r}")
+@measured_once
+def _qk_truth() -> dict:
+    """Compile the 4-layer hybrid with the gated pass and read what it did."""
     from minivllm_compile import PassConfig
     from minivllm_compile.models import build_model
     from minivllm_compile.passes import QKNormRoPEFusionPass, VllmPatternMatcherPass
@@ -97,41 +92,65 @@ def grade_qk_matches(answer: dict) -> str:
         matches = VllmPatternMatcherPass.match_table[name] - before
     entries = lm.model.backend.compiler_manager.entries
     ranges = lm.model.compilation_config.get_compile_ranges()
-    calls_in = {(e.graph_index, e.compile_range): "\n".join(e.code).count("minivllm.fused_qk_norm_rope") for e in entries}
-    calls = sum(calls_in.values())
-    layers = sum(t == "full_attention" for t in lm.config.layer_types)
-    gated = [r for r in ranges if r.end <= LIMIT]
+    calls_in = {(e.graph_index, e.compile_range): "\n".join(e.code).count("minivllm.fused_qk_norm_rope")
+                for e in entries}
     pieces = sorted({i for (i, r), c in calls_in.items() if c})  # pieces with a fused site
-    compiled = sorted({e.graph_index for e in entries if e.graph_index in pieces and e.reused_from is None})
-    reused = sorted({(e.graph_index, e.reused_from) for e in entries if e.graph_index in pieces and e.reused_from is not None})
+    return {"matches": matches, "calls": sum(calls_in.values()), "ranges": ranges, "pieces": pieces,
+            "layers": sum(t == "full_attention" for t in lm.config.layer_types),
+            "gated": [r for r in ranges if r.end <= LIMIT],
+            "compiled": sorted({e.graph_index for e in entries if e.graph_index in pieces and e.reused_from is None}),
+            "reused": sorted({(e.graph_index, e.reused_from) for e in entries
+                              if e.graph_index in pieces and e.reused_from is not None})}
+
+
+@exercise("13.1", "predict a range-gated fusion's matches", section="notebook 13 §1 and §2 (a range-gated pass)",
+          hint="list the entries (the limit 8 is a compile-range endpoint), the pieces that hold a q/k "
+               "norm + RoPE, and which of those pieces Inductor compiles (identical ones compile once)",
+          deeper_hint="Three lists. Entries: compile_sizes=[] and the limit 8 become which ranges up to 16, and on "
+                      "which does is_applicable_for_range let the pass run? Pieces: conv, attention, conv, "
+                      "attention splits at the attention and conv ops; which compiled pieces hold an attention "
+                      "layer's q/k norm and RoPE, and are any two of them the same graph (CompilerManager then "
+                      "compiles one and reuses its artifact, so the pass sees it once)? Matches count what the "
+                      "pass replaced while compiling; calls count the generated code of every entry, reused ones "
+                      "included.",
+          solution=_qk_solution, wrong=_qk_wrong, wrong_says="identical pieces are compiled once",
+          gives_away="1 match replaced")
+def grade_qk_matches(answer: dict) -> str:
+    if not isinstance(answer, dict) or set(answer) != {"matches", "calls"} or not all(
+            isinstance(v, int) for v in answer.values()):
+        raise ExerciseFailed(f"answer a dict {{'matches': int, 'calls': int}}, got {answer!r}")
+    t = _qk_truth()
+    matches, calls, layers, gated, ranges = t["matches"], t["calls"], t["layers"], t["gated"], t["ranges"]
     facts = (f"The compile ranges are {ranges} (the limit {LIMIT} is an endpoint); the pass runs on "
-             f"{', '.join(map(str, gated))} only (is_applicable_for_range: end <= {LIMIT}). The {layers} attention layers' "
-             f"q/k norm + RoPE sit in pieces {', '.join(map(str, pieces))}; Inductor compiled "
-             f"{'piece' if len(compiled) == 1 else 'pieces'} {', '.join(map(str, compiled))}, and "
-             + ", ".join(f"piece {i} reused piece {j}'s artifact" for i, j in reused)
+             f"{', '.join(map(str, gated))} only (is_applicable_for_range: end <= {LIMIT}). The {layers} attention "
+             f"layers' q/k norm + RoPE sit in pieces {', '.join(map(str, t['pieces']))}; Inductor compiled "
+             f"{'piece' if len(t['compiled']) == 1 else 'pieces'} {', '.join(map(str, t['compiled']))}, and "
+             + ", ".join(f"piece {i} reused piece {j}'s artifact" for i, j in t["reused"])
              + f" (identical pieces compile once). So: {_n(matches, 'match', 'matches')} replaced, "
              f"{_n(calls, 'fused_qk_norm_rope call')} in the generated code.")
     wrong = []
     if answer["matches"] != matches:
-        why = ""
         if answer["matches"] == layers * len(gated):
-            why = (" You counted one match per attention layer: matches count what the pass replaced "
-                   "while Inductor compiled, and identical pieces are compiled once (CompilerManager "
-                   "reuses the artifact), so the second layer's piece never reaches the pass.")
-        elif answer["matches"] in (len(compiled) * len(ranges), layers * len(ranges)):
-            why = f" You counted every range: the gate keeps the pass off Range({LIMIT + 1}, {MAX_TOKENS})."
-        wrong.append(f"you predicted {answer['matches']} matches; the pass replaced {matches}.{why}")
+            why = ("You counted one match per attention layer: matches count what the pass replaced while "
+                   "Inductor compiled, and identical pieces are compiled once (CompilerManager reuses the "
+                   "artifact): does every attention layer's piece reach the pass?")
+        elif answer["matches"] in (len(t["compiled"]) * len(ranges), layers * len(ranges)):
+            why = "You counted every range: on which ranges does is_applicable_for_range let the pass run?"
+        else:
+            why = ("List the compiled entries the pass runs on: the ranges under the limit, for the pieces "
+                   "Inductor actually compiles.")
+        wrong.append(f"matches: not {answer['matches']}. {why}")
     if answer["calls"] != calls:
-        why = ""
         if answer["calls"] == answer["matches"] or answer["calls"] == matches:
-            why = (" The generated code is per entry of every piece, reused ones too: each attention "
-                   "layer's piece runs the fused op in every gated entry, even though only one was "
-                   "compiled.")
+            why = ("The generated code is per entry of every piece, reused ones too: does a piece that reuses "
+                   "another's artifact run the fused op?")
         elif answer["calls"] == layers * len(ranges):
-            why = f" The entries of Range({LIMIT + 1}, {MAX_TOKENS}) keep rotary_embedding: the pass did not run there."
-        wrong.append(f"you predicted {answer['calls']} fused_qk_norm_rope calls; the code holds {calls}.{why}")
+            why = "Did the pass run on the entries above the limit? What do they call instead?"
+        else:
+            why = "Count, entry by entry, the generated code that calls the fused op."
+        wrong.append(f"calls: not {answer['calls']}. {why}")
     if wrong:
-        raise ExerciseFailed(" ".join(wrong) + " " + facts)
+        raise ExerciseFailed("\n".join(wrong), measured=facts)
     return facts
 
 
@@ -212,18 +231,26 @@ def _eager_checks(pattern: Callable, replacement: Callable, x: torch.Tensor) -> 
     if not isinstance(new, torch.Tensor) or new.shape != expected.shape:
         what = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
         raise ExerciseFailed(f"your replacement returns {what}; it must return what the pattern does, one "
-                             f"tensor of shape {tuple(expected.shape)}: auto_functionalized returns (the op's "
-                             "result, every mutated argument), so the written `out` is res[1]")
+                             f"tensor of shape {tuple(expected.shape)}. auto_functionalized returns a tuple: the "
+                             "op's own result, then every argument it mutated: which element holds what the op "
+                             "wrote? (notebook 05 §3)")
     if not torch.allclose(new, expected, atol=1e-5, rtol=1e-5):
         raise ExerciseFailed(f"your replacement differs from the pattern by {(new - expected).abs().max().item():.3g}"
                              " on a random input: it must compute the same values")
 
 
-@exercise("13.2", "a pattern for the real graph: SiLU-and-mul back into one custom op",
-          hint="the pattern is SiluAndMul's plain-torch forward (F.silu(x[..., :d]) * x[..., d:]); the "
-               "replacement allocates `out` of shape [..., d] and returns "
-               "auto_functionalized(torch.ops.minivllm.silu_and_mul.default, out=out, input=x)[1]",
-          solution=_silu_solution, wrong=_silu_wrong, wrong_says="sigmoid")
+@exercise("13.2", "a pattern for the real graph: SiLU-and-mul back into one custom op", section="notebook 13 §5 "
+          "(write a pattern yourself)",
+          hint="the pattern is SiluAndMul's plain-torch forward, written as models/layers.py writes it; the "
+               "replacement calls the custom op functionally, as §5's replacement does for rms_norm",
+          deeper_hint="Pattern: copy the plain-torch branch of SiluAndMul (models/layers.py) into a function of x: "
+                      "the matcher traces it the same way Inductor traced the model, so write it the same way. "
+                      "Replacement: the custom op writes into an `out` you allocate (what shape does "
+                      "silu_and_mul(out, input) write?); call it through auto_functionalized as §5 calls rms_norm, "
+                      "and return the element of its result that holds what the op wrote (§5 and notebook 05 §3 "
+                      "say which).",
+          solution=_silu_solution, wrong=_silu_wrong, wrong_says="sigmoid",
+          gives_away="res[1]")
 def grade_silu_pattern(answer) -> str:
     import torch._inductor.pattern_matcher as pm
 
@@ -292,7 +319,8 @@ def grade_silu_pattern(answer) -> str:
             why = (f"Every op of your pattern ({', '.join(pattern_ops)}) is in the graph, but not connected the "
                    f"way your pattern connects them. {has}")
         raise ExerciseFailed(f"your pattern matched 0 times in the {len(entries)} compiled pieces; the model has "
-                             f"{want} SiluAndMul (one per MLP). {why}")
+                             f"{want} SiluAndMul (one per MLP). {why}",
+                             measured=f"matches per compiled piece: {[m for m, _, _ in seen]}")
     if matched != want:
         raise ExerciseFailed(f"your pattern matched {matched} times; the model has {want} SiluAndMul (one per MLP, "
                              f"each in its own piece, each piece compiled once here). Matches per piece: "

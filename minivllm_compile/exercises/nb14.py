@@ -4,7 +4,8 @@ step, and the static-buffer hazard, fixed in a function of the student's, on the
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -51,27 +52,29 @@ def _grade_dispatch(answer: Any) -> str:
     dispatcher = CudagraphDispatcher(cc)
     sizes, largest = cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size
     mode = cc.cudagraph_mode
+    truth = {}
+    for n, uniform in STEPS:
+        got_mode, desc = dispatcher.dispatch(n, uniform_decode=uniform)
+        truth[n, uniform] = (got_mode.name, desc.num_tokens)
     problems = []
     for (n, uniform), (said_mode, said_padded) in said.items():
-        got_mode, desc = dispatcher.dispatch(n, uniform_decode=uniform)
-        truth = (got_mode.name, desc.num_tokens)
-        if (said_mode, said_padded) == truth:
+        if (said_mode, said_padded) == truth[n, uniform]:
             continue
         kind = "a decode batch" if uniform else "a mixed batch"
         if n > largest:
-            why = f"{n} is above the largest capture size ({largest}): no graph exists for it, NONE and no padding"
-        elif truth[0] == "NONE":
-            why = (f"{mode.name}'s mixed_mode() is {mode.mixed_mode().name}: {kind} gets no graph at all, so it runs "
-                   "as it is, unpadded (only a step that replays a graph is padded)")
-        elif said_mode != truth[0]:
-            why = f"{mode.name}'s decode_mode() is {mode.decode_mode().name}: {kind} replays the full graph"
+            why = (f"is there a captured graph for a step above the largest capture size ({largest})? And is a step "
+                   "that replays no graph padded?")
+        elif said_mode != truth[n, uniform][0]:
+            which = "decode_mode()" if uniform else "mixed_mode()"
+            why = (f"what is {mode.name}'s {which}? (the modes table) And is a step that replays no graph padded?")
         else:
-            why = f"a step pads up to the next capture size >= num_tokens, of {sizes}"
-        problems.append(f"num_tokens={n}, {kind}: you said {said_mode} padded to {said_padded}; dispatch gives "
-                        f"{truth[0]} padded to {truth[1]}: {why}")
+            why = f"a step that replays a graph pads up to the next capture size >= num_tokens, of {sizes}"
+        problems.append(f"num_tokens={n}, {kind}: not {said_mode} padded to {said_padded}. {why}")
     if problems:
         raise ExerciseFailed(f"CudagraphDispatcher(cudagraph_mode={mode.name}, capture sizes {sizes}) says otherwise "
-                             "(notebook 14, the modes table and §1):\n  - " + "\n  - ".join(problems))
+                             "(notebook 14, the modes table and §1):\n  - " + "\n  - ".join(problems),
+                             measured="dispatch gives " + ", ".join(
+                                 f"({n}, {u}) -> {m}, {p}" for (n, u), (m, p) in truth.items()))
     return (f"{mode.name}: a decode batch up to {largest} tokens replays the FULL graph of the next capture size; "
             f"a mixed batch, and anything above {largest}, runs with no graph, unpadded.")
 
@@ -80,12 +83,19 @@ _DISPATCH_SOLUTION = {(3, True): ("FULL", 4), (3, False): ("NONE", 3), (13, True
                       (17, True): ("FULL", 24), (24, True): ("FULL", 24), (25, True): ("NONE", 25)}
 
 
-@exercise("14.1", "the runtime mode and padded size of a step",
-          hint="FULL_DECODE_ONLY: decode_mode() FULL, mixed_mode() NONE; a graph's step pads up to the next "
-               "capture size; above the largest there is no graph",
+@exercise("14.1", "the runtime mode and padded size of a step", section="notebook 14, the modes table and §1 "
+          "(the dispatcher: pad up to a captured size)",
+          hint="look up FULL_DECODE_ONLY's decode_mode() and mixed_mode() in the modes table; then how a step "
+               "that replays a graph is padded, and what happens above the largest capture size",
+          deeper_hint="In a cell: M = CUDAGraphMode; print(M.FULL_DECODE_ONLY.decode_mode(), "
+                      "M.FULL_DECODE_ONLY.mixed_mode()). A decode batch (uniform_decode=True) gets the first, a "
+                      "mixed batch the second. A graph exists only for the capture sizes, so a step that replays "
+                      "one is padded up to a capture size (which one? §1's table); a step with no graph runs as "
+                      "it is, whatever its size.",
           solution=lambda: dict(_DISPATCH_SOLUTION),
           wrong=lambda: {**_DISPATCH_SOLUTION, (3, False): ("PIECEWISE", 4)},
-          wrong_says="mixed_mode() is NONE")
+          wrong_says="mixed_mode()",
+          gives_away="(3, False) -> NONE, 3")
 def grade_dispatch(answer: Any) -> str:
     return _grade_dispatch(answer)
 
@@ -116,7 +126,12 @@ def _collect_wrong() -> Callable:
 
 def _grade_collect(collect: Any) -> str:
     from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode
-    from minivllm_compile.cuda_graph import BatchDescriptor, CUDAGraphWrapper, StaticBufferReplay, capture_phase
+    from minivllm_compile.cuda_graph import (
+        BatchDescriptor,
+        CUDAGraphWrapper,
+        StaticBufferReplay,
+        capture_phase,
+    )
     from minivllm_compile.forward_context import set_forward_context
 
     if not callable(collect):
@@ -159,12 +174,13 @@ def _grade_collect(collect: Any) -> str:
         kept = sum(o.data_ptr() == entry.output.data_ptr() for o in outputs)
         raise ExerciseFailed(f"{kept} of your {NUM_STEPS} outputs are the same tensor, the graph's static output "
                              "(entry.output): every replay overwrites it, so what you kept from step 1 now holds the "
-                             "last step's values. Copy it before the next step: step(...).clone() (notebook 14 §3)")
+                             "last step's values. Each output must keep its values after the next replay "
+                             "(notebook 14 §3, the outputs' hazard)")
     if all(torch.allclose(o, stale) for o in outputs) or any(c.data_ptr() != static_x.data_ptr() for c in calls):
         raise ExerciseFailed("the graph never saw your batches: it reads the buffer it was captured on (static_x), "
                              "and a new tensor passed to step is ignored (cudagraph_copy_inputs=False, vLLM's "
-                             "default). Write each batch into that buffer first, static_x.copy_(batch), and call "
-                             "step(static_x) (notebook 14 §3, the inputs' contract)")
+                             "default). How does a batch get into the memory the graph reads? (notebook 14 §3, the "
+                             "inputs' contract)")
     for i, (o, e) in enumerate(zip(outputs, expected)):
         if not torch.allclose(o, e, atol=1e-6):
             raise ExerciseFailed(f"step {i + 1}'s output differs from the piece run eagerly on batch {i + 1} (max "
@@ -176,9 +192,16 @@ def _grade_collect(collect: Any) -> str:
             "cloned before the next replay overwrote it: the same values as the piece run eagerly.")
 
 
-@exercise("14.2", "keep every step's output from a captured graph",
-          hint="the graph reads static_x and writes the same output tensor on every replay: copy each batch into "
-               "static_x, and clone what step returns before the next step",
-          solution=_collect_solution, wrong=_collect_wrong, wrong_says="the same tensor")
+@exercise("14.2", "keep every step's output from a captured graph", section="notebook 14 §3 (the static-buffer "
+          "hazard, shown and fixed)",
+          hint="two hazards (§3): where does the captured graph read its input from, and what happens to the "
+               "tensor a replay returns when the next replay runs?",
+          deeper_hint="Run §3's two demonstrations again and watch the addresses: the tensor the graph reads is "
+                      "the one it was captured on, whatever you pass to step, and every replay returns the very "
+                      "same output tensor (compare data_ptr()). So, per batch: put the batch where the graph "
+                      "reads, replay, and keep a tensor of your own with the output's values before the next "
+                      "replay overwrites them.",
+          solution=_collect_solution, wrong=_collect_wrong, wrong_says="the same tensor",
+          gives_away="static_x.copy_(batch)")
 def grade_collect(collect: Any) -> str:
     return _grade_collect(collect)
