@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import sys
@@ -38,33 +39,45 @@ def aot_path(model: torch.nn.Module) -> Path:
     return caching.cache_root() / "torch_aot_compile" / key / "rank_0_0" / "model"
 
 
-def try_load(model) -> bool:
-    """Load the saved compiled forward into model.aot_compiled_fn; False means: compile."""
+def _verify_source_unchanged(source_info, compilation_config) -> None:
+    """vLLM's (decorators.py): every module the saved trace inlined must have the source it had then,
+    and its file joins the traced files (the backend's cache dir is keyed on them). The AOT key is
+    computed before Dynamo runs, so it cannot cover these files; this check does instead."""
+    changed = set()
+    for src in source_info.inlined_sources:  # content: the whole module's source
+        module = sys.modules.get(src.module)
+        try:
+            now = inspect.getsource(module) if module else None
+        except (OSError, TypeError):
+            now = None
+        if now != src.content:
+            changed.add(src.module)
+        elif getattr(module, "__file__", None):
+            compilation_config.traced_files.add(module.__file__)
+    if changed:
+        raise RuntimeError(f"traced source changed since it was saved: {', '.join(sorted(changed)[:3])}")
+
+
+def _try_load_aot_compiled_fn(model):
+    """The saved compiled forward (vLLM's function of the same name), or None: compile it."""
     force = envs.VLLM_FORCE_AOT_LOAD
     if envs.VLLM_DISABLE_COMPILE_CACHE:
         if force:
             raise RuntimeError("VLLM_FORCE_AOT_LOAD=1 with VLLM_DISABLE_COMPILE_CACHE=1: nothing can be "
                                "loaded; unset one of them")
-        return False
+        return None
     path = model.aot_path = aot_path(model)
     if not path.exists():
         if force:
             raise FileNotFoundError(f"VLLM_FORCE_AOT_LOAD=1 but there is no AOT artifact at {path}: run "
                                     "once without VLLM_FORCE_AOT_LOAD to compile and save it")
-        return False
+        return None
     try:
         with open(path, "rb") as f, caching.loading_for(model.compilation_config):
             fn = torch.compiler.load_compiled_function(f, f_globals=model.forward.__globals__)
-        source_info = fn.source_info()
-        changed = caching.changed_sources(source_info)
-        if changed:
-            raise RuntimeError(f"traced source changed since it was saved: {', '.join(changed[:3])}")
+        _verify_source_unchanged(fn.source_info(), model.compilation_config)
         if not model.compilation_config.dynamic_shapes_config.evaluate_guards:
             fn.disable_guard_check()
-        for src in source_info.inlined_sources:
-            module = sys.modules.get(src.module)
-            if module is not None and getattr(module, "__file__", None):
-                model.compilation_config.traced_files.add(module.__file__)
         # without the mega artifact the backend runs again now, on the saved Dynamo graph (the
         # traced files just added key its cache dir), and loads each piece from its index
         fn._artifacts.compiled_fn.finalize_loading(model.compilation_config, model.model_factors,
@@ -74,17 +87,17 @@ def try_load(model) -> bool:
         if force:
             raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 and the AOT artifact at {path} cannot be used: {reason}") from e
         logger.warning("AOT artifact %s is unusable (%s); compiling afresh", path, reason)
-        return False
-    model.aot_compiled_fn = fn
-    model.compiled = True
+        return None
     compilation_counter.num_aot_artifacts_loaded += 1
-    return True
+    return fn
 
 
-def save(model) -> None:
+def save_aot_compiled_function(model) -> None:
+    """Save model.aot_compiled_fn (vLLM's method of the same name): atomically, readable by a shared
+    cache's other users; a failure is logged and the function stays in memory."""
     if envs.VLLM_DISABLE_COMPILE_CACHE:
         return
-    path = model.aot_path  # try_load computed it before this compile
+    path = model.aot_path  # _try_load_aot_compiled_fn computed it before this compile
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with caching.locked(path.parent):

@@ -25,7 +25,8 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.passes.split_module import split_module
 
 from minivllm_compile import caching, envs
-from minivllm_compile.compiler_interface import CompiledEntry, make_compiler, returns_single_value, timed_compile
+from minivllm_compile.compiler_interface import (CompiledEntry, CompilerInterface, EagerAdaptor, InductorAdaptor,
+                                                 InductorStandaloneAdaptor, returns_single_value, timed_compile)
 from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.cuda_graph import wrap_with_cudagraph_if_needed
@@ -145,6 +146,16 @@ def graph_key(gm: fx.GraphModule) -> str:
         rows.append((n.op, str(n.target) if n.op != "placeholder" else "", str(torch.fx.node.map_arg(n.args, norm)),
                      str(torch.fx.node.map_arg(n.kwargs, norm)), meta if n.op == "placeholder" else ""))
     return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+
+
+def make_compiler(compilation_config: CompilationConfig, *, use_aot_compile: bool) -> CompilerInterface:
+    """The adaptor a piece goes to (vLLM's): eager, standalone_compile, or compile_fx."""
+    if compilation_config.backend == "eager":
+        return EagerAdaptor()
+    if envs.VLLM_USE_STANDALONE_COMPILE and hasattr(torch._inductor, "standalone_compile"):
+        return InductorStandaloneAdaptor(compilation_config.compile_cache_save_format,
+                                         use_aot_compile=use_aot_compile)
+    return InductorAdaptor()
 
 
 class CompilerManager:

@@ -273,7 +273,7 @@ class VllmSerializableFunction(SerializableCallable):
     def __call__(self, *args: Any) -> Any:
         if self._pending is not None:
             raise RuntimeError("a VllmSerializableFunction loaded without the mega artifact runs its backend "
-                               "first: call finalize_loading (aot.try_load does)")
+                               "first: call finalize_loading (aot._try_load_aot_compiled_fn does)")
         return self.split_gm(*args)
 
     @classmethod
@@ -303,7 +303,7 @@ class VllmSerializableFunction(SerializableCallable):
         gm = GraphPickler.loads(state["graph"], fake_mode)
         gm.recompile()
         if not state["mega"]:
-            # the traced files are not known yet (aot.try_load adds them after this, and the
+            # the traced files are not known yet (aot._verify_source_unchanged adds them after this, and the
             # backend's cache dir is keyed on them): the backend runs in finalize_loading
             fn = cls.__new__(cls)
             fn.split_gm, fn.compilation_config, fn.pieces, fn.cache_dir = None, None, [], None
@@ -420,21 +420,7 @@ def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict], 
             cc, p["index"], p["sym_shape_indices"], runnables), cc)
 
 
-# --- source checks and inspection ---------------------------------------------------------------
-
-def changed_sources(source_info: Any) -> list[str]:
-    """The traced functions whose source differs now from when the artifact was saved."""
-    changed = set()
-    for src in getattr(source_info, "inlined_sources", ()):  # content: the whole module's source
-        module = sys.modules.get(src.module)
-        try:
-            now = inspect.getsource(module) if module else None
-        except (OSError, TypeError):
-            now = None
-        if now != src.content:
-            changed.add(src.module)
-    return sorted(changed)
-
+# --- inspection ---------------------------------------------------------------
 
 # where compiler_interface.initialize_inductor_cache points Inductor's and Triton's own caches
 FOREIGN_CACHES = {"inductor_cache": "Inductor's FX graph cache and generated code",

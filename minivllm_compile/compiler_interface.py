@@ -284,17 +284,6 @@ def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, conf
     return source
 
 
-def make_compiler(compilation_config, *, use_aot_compile: bool) -> CompilerInterface:
-    from minivllm_compile import envs
-
-    if compilation_config.backend == "eager":
-        return EagerAdaptor()
-    if envs.VLLM_USE_STANDALONE_COMPILE and hasattr(torch._inductor, "standalone_compile"):
-        return InductorStandaloneAdaptor(compilation_config.compile_cache_save_format,
-                                         use_aot_compile=use_aot_compile)
-    return InductorAdaptor()
-
-
 def timed_compile(compiler: CompilerInterface, graph, example_inputs, config, compile_range,
                   graph_index: int, key: str | None = None) -> CompiledEntry:
     t0 = time.perf_counter()

@@ -22,8 +22,8 @@ from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 from minivllm_compile import aot, caching
 from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
-from minivllm_compile.monitor import start_monitoring_torch_compile
-from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, WholeGraphBackend
+from minivllm_compile.monitor import monitor_torch_compile
+from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
 
 IGNORE_COMPILE_KEY = "_ignore_compile_minivllm"
 _T = TypeVar("_T", bound=type[nn.Module])
@@ -67,18 +67,6 @@ def support_torch_compile(
         return _support_torch_compile(cls, dims, mark_unbacked_dims, enable_if)
 
     return decorate(cls) if cls is not None else decorate
-
-
-def stock_torch_compile(module: nn.Module, compilation_config: CompilationConfig) -> Callable:
-    """STOCK_TORCH_COMPILE, done by the caller as vLLM's model runner does: plain torch.compile of
-    the whole forward, guards kept (a user's guard_filter_fn too), recompiling on new shapes."""
-    compilation_counter.stock_torch_compile_count += 1
-    cfg, guard_filter = compilation_config.inductor_config_and_guard_filter()
-    options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
-    backend = WholeGraphBackend(compilation_config.backend, cfg)
-    compiled = torch.compile(module.forward, fullgraph=True, backend=backend, options=options)
-    compiled.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
-    return compiled
 
 
 @functools.cache
@@ -240,11 +228,13 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         if hasattr(self.backend, "model_factors"):
             self.backend.model_factors = self.model_factors
         use_aot = aot.use_aot_compile(self.compilation_config)
-        if use_aot and aot.try_load(self):
-            return self.aot_compiled_fn(self, *args, **kwargs)
+        if use_aot:
+            loaded = aot._try_load_aot_compiled_fn(self)
+            if loaded is not None:
+                self.aot_compiled_fn, self.compiled = loaded, True
+                return self.aot_compiled_fn(self, *args, **kwargs)
         # the first call: mark dynamic dims, record traced files, apply the compile patches
         mark_dynamic_inputs(self, args, kwargs)
-        start_monitoring_torch_compile()
         traced = self.compilation_config.traced_files
         traced.add(self.original_code_object().co_filename)
         inline_call = InliningInstructionTranslator.inline_call_
@@ -261,7 +251,8 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             if ds.type == DynamicShapesType.BACKED_SIZE_OBLIVIOUS else {}
         inductor_patches = {"assume_32bit_indexing": True} \
             if ds.assume_32_bit_indexing and supported["assume_32bit_indexing"] else {}
-        with (patch.object(InliningInstructionTranslator, "inline_call_", patched_inline_call),
+        with (monitor_torch_compile(self.compilation_config),
+              patch.object(InliningInstructionTranslator, "inline_call_", patched_inline_call),
               torch._dynamo.config.patch(**dynamo_patches),
               torch.fx.experimental._config.patch(**fx_patches),
               torch._inductor.config.patch(**inductor_patches)):
@@ -276,7 +267,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
                 # vLLM saves here, before the first run: every piece is compiled by now (the
                 # backend compiles all sizes and ranges up front), and a crash in the warm-up run
                 # still leaves the next start something to load
-                aot.save(self)
+                aot.save_aot_compiled_function(self)
                 output = self.aot_compiled_fn(self, *args, **kwargs)
             else:
                 output = TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)

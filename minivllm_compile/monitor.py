@@ -12,19 +12,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
+from minivllm_compile.config import CompilationConfig, CompilationMode
 
 logger = logging.getLogger("minivllm_compile")
 
 torch_compile_start_time: float = 0.0
 
 
-def start_monitoring_torch_compile() -> None:
+@contextmanager
+def monitor_torch_compile(compilation_config: CompilationConfig,
+                          message: str = "%storch.compile took %.2f s in total",
+                          tag: str = "") -> Iterator[None]:
+    """Time a compile (vLLM's, in compilation/monitor.py): the start time the backend's Dynamo
+    log line measures from, and on success one line with the whole compile's time (VLLM_COMPILE
+    only, as in vLLM). A failed compile logs nothing here: its exception says enough."""
     global torch_compile_start_time
     torch_compile_start_time = time.perf_counter()
+    yield
+    if compilation_config.mode == CompilationMode.VLLM_COMPILE:
+        logger.info(message, f"[{tag}] " if tag else "", time.perf_counter() - torch_compile_start_time)
 
 
 def dynamo_transform_time() -> float:
-    """Seconds since start_monitoring_torch_compile; the backend calls it when Dynamo hands over."""
+    """Seconds since monitor_torch_compile began; the backend calls it when Dynamo hands over."""
     elapsed = time.perf_counter() - torch_compile_start_time
     logger.info("Dynamo bytecode transform time: %.2f s", elapsed)
     return elapsed
@@ -61,3 +71,23 @@ def count_dynamo_entries() -> Iterator[DynamoEntries]:
         yield entries
     finally:
         eval_frame._callback_from_stance = original
+
+
+# vLLM's switch for CUDA-graph capture (compilation/monitor.py): the model runner turns it on around
+# its capture at start-up and off after; a wrapper asked to capture while it is off refuses, since a
+# capture while serving is a request waiting for it (and, on CUDA, a stall). vLLM starts with it on
+# and turns it off after the first capture; here it starts off, so a capture before
+# LM.capture_model is refused too.
+cudagraph_capturing_enabled: bool = False
+
+
+def validate_cudagraph_capturing_enabled() -> None:
+    if not cudagraph_capturing_enabled:
+        raise RuntimeError("CUDA graph capturing detected at an inappropriate time: capture is only "
+                           "allowed at start-up (LM.capture_model turns it on with "
+                           "set_cudagraph_capturing_enabled(True), and off after)")
+
+
+def set_cudagraph_capturing_enabled(enabled: bool) -> None:
+    global cudagraph_capturing_enabled
+    cudagraph_capturing_enabled = enabled

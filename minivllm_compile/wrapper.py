@@ -29,7 +29,7 @@ import torch
 import torch._C._dynamo.guards
 
 from minivllm_compile import envs
-from minivllm_compile.config import CompilationMode, CUDAGraphMode, DynamicShapesType
+from minivllm_compile.config import CompilationConfig, CompilationMode, CUDAGraphMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import dynamo_transform_time
 
@@ -90,6 +90,22 @@ class WholeGraphBackend:
         from torch._inductor.compile_fx import compile_fx
 
         return compile_fx(gm, example_inputs, config_patches=self.inductor_config)
+
+
+def compile_model_with_stock_torch(module: torch.nn.Module, compilation_config: CompilationConfig) -> Callable:
+    """STOCK_TORCH_COMPILE, done by the caller as vLLM's model runner does: plain torch.compile of
+    the whole forward, guards kept (a user's guard_filter_fn too), recompiling on new shapes.
+    Returns the compiled forward for the caller to call (vLLM compiles the model in place with
+    model.compile(); a decorated model's own __call__ here would step around that), and passes
+    the config's Inductor settings and guard filter, which vLLM's leaves out."""
+    compilation_counter.stock_torch_compile_count += 1
+    cfg, guard_filter = compilation_config.inductor_config_and_guard_filter()
+    options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
+    backend = WholeGraphBackend(compilation_config.backend, cfg)
+    compiled = torch.compile(module.forward, fullgraph=True, backend=backend, options=options)
+    compiled.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
+    return compiled
+
 
 
 class TorchCompileWithNoGuardsWrapper:

@@ -348,10 +348,10 @@ def test_the_aot_artifact_is_saved_before_the_first_run(tmp_path, monkeypatch):
         def __getattr__(self, name):
             return getattr(self.fn, name)
 
-    real_compile, real_save = TorchCompileWithNoGuardsWrapper.aot_compile, aot.save
+    real_compile, real_save = TorchCompileWithNoGuardsWrapper.aot_compile, aot.save_aot_compiled_function
     monkeypatch.setattr(TorchCompileWithNoGuardsWrapper, "aot_compile",
                         lambda self, *a, **k: FailingFirstRun(real_compile(self, *a, **k)))
-    monkeypatch.setattr(aot, "save", lambda model: (events.append("save"), real_save(model)))
+    monkeypatch.setattr(aot, "save_aot_compiled_function", lambda model: (events.append("save"), real_save(model)))
     lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
     with pytest.raises(RuntimeError, match="warm-up run failed"):
         lm(torch.arange(5), torch.arange(5))

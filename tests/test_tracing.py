@@ -18,7 +18,7 @@ from minivllm_compile import (
     ignore_torch_compile,
     support_torch_compile,
 )
-from minivllm_compile.decorators import stock_torch_compile
+from minivllm_compile.wrapper import compile_model_with_stock_torch
 from minivllm_compile.models import build_model
 from minivllm_compile.monitor import count_dynamo_entries
 
@@ -84,7 +84,7 @@ def test_stock_recompiles_on_a_shape_branch_trace_once_does_not():
     stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE)
     stock_model = Branchy(compilation_config=stock_cfg)
     with compilation_counter.expect(num_models_seen=0, stock_torch_compile_count=1):
-        stock = stock_torch_compile(stock_model, stock_cfg)
+        stock = compile_model_with_stock_torch(stock_model, stock_cfg)
     x3 = torch.randn(3, 8)
     # vLLM passes STOCK's backend to torch.compile by name: none of its counters sees the traces
     with compilation_counter.expect(num_graphs_seen=0, num_backend_compilations=0, num_inductor_compiles=0):
@@ -169,7 +169,7 @@ def test_user_guard_filter_fn_is_overwritten_outside_stock():
     m(torch.randn(8, 8))
     assert calls == [] and not any(r.kept for r in m.guard_table)
     stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE, inductor_compile_config={"guard_filter_fn": mine})
-    stock_torch_compile(Branchy(compilation_config=stock_cfg), stock_cfg)(torch.randn(8, 8))
+    compile_model_with_stock_torch(Branchy(compilation_config=stock_cfg), stock_cfg)(torch.randn(8, 8))
     assert len(calls) == 1 and calls[0] > 0
 
 

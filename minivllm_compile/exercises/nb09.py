@@ -49,7 +49,7 @@ CHANGES: dict[str, str] = {
     "a comment added to models/llama.py":
         "every file Dynamo traced is hashed by content in 'traced_files', a comment too; that factor is only in "
         "the backend key (the AOT key is computed before Dynamo runs, so the AOT load compares the traced "
-        "sources itself, caching.changed_sources)",
+        "sources itself, aot._verify_source_unchanged)",
     "the model built under set_model_tag('draft')":
         "the tag names which compiled part of a model this is, and gets its own folder <hash>/rank_0_0/<tag>",
     "one line of the user's post-grad pass edited":
@@ -208,7 +208,7 @@ def _grade_keys(answer: Any) -> str:
     assert aot_blind == ["a comment added to models/llama.py"], aot_blind
     return (f"{len(new_key)} of the {len(CHANGES)} changes give a new backend key, each through one factor; the "
             f"AOT key moves for all of them but one, {aot_blind[0]!r}: it is computed before Dynamo runs, so it "
-            "cannot know the traced files, and the AOT load checks their sources instead (caching.changed_sources).")
+            "cannot know the traced files, and the AOT load checks their sources instead (aot._verify_source_unchanged).")
 
 
 @exercise("09.1", "which factor of the cache key covers each change",
