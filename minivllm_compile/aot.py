@@ -23,20 +23,15 @@ from pathlib import Path
 
 import torch
 
-from minivllm_compile import caching, envs
+from minivllm_compile import cache_files, cache_keys, caching, envs
 from minivllm_compile.backends import VllmBackend
-from minivllm_compile.cache_files import file_mode
 from minivllm_compile.counter import compilation_counter
 
 logger = logging.getLogger("minivllm_compile")
 
-# whether a config compiles ahead of time: decided below the backend (its CompilerManager asks too)
-use_aot_compile = caching.use_aot_compile
-
-
 def aot_path(model: torch.nn.Module) -> Path:
-    key, _ = caching.aot_cache_key(model, model.compilation_config, model.model_factors)
-    return caching.cache_root() / "torch_aot_compile" / key / "rank_0_0" / "model"
+    key, _ = cache_keys.aot_cache_key(model, model.compilation_config, model.model_factors)
+    return cache_files.cache_root() / "torch_aot_compile" / key / "rank_0_0" / "model"
 
 
 def _verify_source_unchanged(source_info, compilation_config) -> None:
@@ -100,11 +95,11 @@ def save_aot_compiled_function(model) -> None:
     path = model.aot_path  # _try_load_aot_compiled_fn computed it before this compile
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with caching.locked(path.parent):
+        with cache_files.locked(path.parent):
             model.aot_compiled_fn.save_compiled_function(str(tmp))
             # torch writes it through a NamedTemporaryFile, mode 0600 (vLLM's AOT files are private
             # to their owner that way): give it what open() gives, so a shared cache can read it
-            os.chmod(tmp, file_mode())
+            os.chmod(tmp, cache_files.file_mode())
             os.replace(tmp, path)
     except Exception as e:
         with contextlib.suppress(OSError):

@@ -24,7 +24,7 @@ import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.passes.split_module import split_module
 
-from minivllm_compile import caching, envs
+from minivllm_compile import cache_files, cache_keys, caching, envs
 from minivllm_compile.compiler_interface import (CompiledEntry, CompilerInterface, EagerAdaptor, InductorAdaptor,
                                                  InductorStandaloneAdaptor, returns_single_value, timed_compile)
 from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
@@ -221,8 +221,8 @@ class CompilerManager:
         # a Range is written as its (start, end): literal_eval reads tuples, not dataclasses
         data = {((r.start, r.end), i, name): v for (r, i, name), v in self.cache.items()}
         try:
-            with caching.locked(self.cache_dir):
-                caching.atomic_write(self.cache_file_path, pprint.pformat(data, indent=4) + "\n")
+            with cache_files.locked(self.cache_dir):
+                cache_files.atomic_write(self.cache_file_path, pprint.pformat(data, indent=4) + "\n")
         except OSError as e:
             logger.warning("cannot write the compile cache index %s (%s); continuing in memory",
                            self.cache_file_path, e)
@@ -251,7 +251,7 @@ class CompilerManager:
             return None
         logger.debug("loaded graph %d for %s from %s", graph_index, compile_range, path)
         return CompiledEntry(runnable, compile_range, graph_index, time.perf_counter() - t0,
-                             artifact_path=str(caching.resolve_path(path)), handle=(key, path), loaded=True)
+                             artifact_path=str(cache_files.resolve_path(path)), handle=(key, path), loaded=True)
 
     def compile(self, graph: fx.GraphModule, example_inputs: list, compile_range: Range,
                 graph_index: int) -> CompiledEntry:
@@ -336,7 +336,7 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
 
 # which compiled part of the model the next VllmBackend serves (vLLM: backbone, eagle_head, ...):
 # its folder in the cache, beside the other parts'
-model_tag: str = caching.DEFAULT_MODEL_TAG
+model_tag: str = cache_keys.DEFAULT_MODEL_TAG
 
 
 @contextlib.contextmanager
@@ -359,7 +359,7 @@ class VllmBackend:
         self.prefix = prefix or model_tag
         # run by a non-mega AOT load on the saved Dynamo graph, not by Dynamo
         self.from_saved_graph = from_saved_graph
-        # what tells this model from others in the cache key (caching.model_factors); the
+        # what tells this model from others in the cache key (cache_keys.model_factors); the
         # decorator sets it at the first call, None when the backend is used on its own
         self.model_factors: dict | None = None
         self.inductor_config, _ = compilation_config.inductor_config_and_guard_filter()
@@ -388,12 +388,12 @@ class VllmBackend:
         but then two models given the same cache_dir would overwrite each other's pieces."""
         cc = self.compilation_config
         device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
-        key, self.cache_key_factors = caching.backend_cache_key(cc, device, self.model_factors)
+        key, self.cache_key_factors = cache_keys.backend_cache_key(cc, device, self.model_factors)
         if envs.VLLM_DISABLE_COMPILE_CACHE:
             return None
-        local = Path(cc.cache_dir or caching.cache_root()) / key / "rank_0_0" / self.prefix
+        local = Path(cc.cache_dir or cache_files.cache_root()) / key / "rank_0_0" / self.prefix
         try:
-            caching.atomic_write(local / "cache_key_factors.json", json.dumps(self.cache_key_factors, indent=1))
+            cache_files.atomic_write(local / "cache_key_factors.json", json.dumps(self.cache_key_factors, indent=1))
         except OSError as e:
             if (local / "cache_key_factors.json").is_file():  # a read-only (shared) cache: load from it
                 logger.warning("cannot write to the compile cache %s (%s); reading from it only", local, e)
@@ -451,7 +451,7 @@ class VllmBackend:
             return
         src = self.split_gm.print_readable(print_output=False).replace("<lambda>", "GraphModule")
         try:
-            caching.atomic_write(self.cache_dir / "computation_graph.py",
+            cache_files.atomic_write(self.cache_dir / "computation_graph.py",
                                  "from __future__ import annotations\nimport torch\n" + src)
         except OSError as e:
             logger.warning("cannot write to the compile cache %s (%s); continuing without it", self.cache_dir, e)

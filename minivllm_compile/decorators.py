@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
-from minivllm_compile import aot, caching
+from minivllm_compile import aot, cache_keys, caching
 from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import monitor_torch_compile
@@ -115,7 +115,7 @@ def input_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_arg_dims: di
                           "shape": [None if d in dynamic else n for d, n in enumerate(value.shape)],
                           "contiguous": value.is_contiguous()}
         else:
-            constant = caching.constant_value(value)
+            constant = cache_keys.constant_value(value)
             spec[name] = {"value": type(value).__name__ if constant is None else constant}
     model._input_checks = _compile_checks(model, spec)
     return spec
@@ -224,10 +224,10 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             return TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
         # what this one trace will fit: part of the cache key, and checked at every later call
         self.input_spec = input_spec(self, args, kwargs, dynamic_arg_dims, mark_unbacked_dims)
-        self.model_factors = caching.model_factors(self, self.input_spec)
+        self.model_factors = cache_keys.model_factors(self, self.input_spec)
         if hasattr(self.backend, "model_factors"):
             self.backend.model_factors = self.model_factors
-        use_aot = aot.use_aot_compile(self.compilation_config)
+        use_aot = caching.use_aot_compile(self.compilation_config)
         if use_aot:
             loaded = aot._try_load_aot_compiled_fn(self)
             if loaded is not None:

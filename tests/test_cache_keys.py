@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm_compile import CompilationConfig, caching
+from minivllm_compile import CompilationConfig, cache_keys
 
 CHILD = r"""
 import json, sys, torch
@@ -314,14 +314,14 @@ def test_the_key_covers_every_factor():
     from minivllm_compile.models import build_model
 
     lm = build_model("llama", num_layers=1)
-    base = caching.aot_cache_key(lm.model, CompilationConfig())
+    base = cache_keys.aot_cache_key(lm.model, CompilationConfig())
     assert {"config", "envs", "torch", "inductor_config", "compiler", "passes", "model", "constants",
             "inputs", "tag"} <= set(base[1])
     eps = build_model("llama", num_layers=1, rms_norm_eps=0.1)
-    assert caching.aot_cache_key(eps.model, CompilationConfig())[0] != base[0]
-    assert caching.model_constants(eps.model)["norm.eps"] == repr(0.1)
+    assert cache_keys.aot_cache_key(eps.model, CompilationConfig())[0] != base[0]
+    assert cache_keys.model_constants(eps.model)["norm.eps"] == repr(0.1)
     inputs = {"input_ids": {"dtype": "torch.int32"}}
-    with_inputs = caching.aot_cache_key(lm.model, CompilationConfig(), caching.model_factors(lm.model, inputs))
+    with_inputs = cache_keys.aot_cache_key(lm.model, CompilationConfig(), cache_keys.model_factors(lm.model, inputs))
     assert with_inputs[0] != base[0]
     from minivllm_compile.backends import VllmBackend, set_model_tag
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter, cpu_isa
+from minivllm_compile import CompilationConfig, CompilationMode, cache_keys, caching, compilation_counter, cpu_isa
 from minivllm_compile.models import build_model
 
 CHILD = r"""
@@ -385,7 +385,7 @@ def test_an_unwritable_cache_degrades_to_memory(tmp_path, monkeypatch, caplog):
 
 def test_which_config_fields_change_the_key():
     lm = build_model("llama", num_layers=1)
-    key = lambda **kw: caching.aot_cache_key(lm.model, CompilationConfig(**kw))[0]  # noqa: E731
+    key = lambda **kw: cache_keys.aot_cache_key(lm.model, CompilationConfig(**kw))[0]  # noqa: E731
     base = key()
     for field in ("debug_dump_path", "cache_dir"):  # documented as not mattering
         assert key(**{field: "/tmp/elsewhere"}) == base
@@ -396,11 +396,11 @@ def test_which_config_fields_change_the_key():
     assert key(mode=CompilationMode.DYNAMO_TRACE_ONCE) != base
     assert key(splitting_ops=["minivllm::short_conv"]) != base
     other = build_model("llama", num_layers=1, hidden_size=64, intermediate_size=96)
-    assert caching.aot_cache_key(other.model, CompilationConfig())[0] != base  # other weights' shapes
+    assert cache_keys.aot_cache_key(other.model, CompilationConfig())[0] != base  # other weights' shapes
     # the same model on another device: other kernels (vLLM hashes its DeviceConfig)
-    assert caching.aot_cache_key(lm.model.to("meta"), CompilationConfig())[0] != base
+    assert cache_keys.aot_cache_key(lm.model.to("meta"), CompilationConfig())[0] != base
     cc = CompilationConfig()
-    assert caching.backend_cache_key(cc, "cpu")[0] != caching.backend_cache_key(cc, "cuda")[0]
+    assert cache_keys.backend_cache_key(cc, "cpu")[0] != cache_keys.backend_cache_key(cc, "cuda")[0]
 
 
 def test_unpacked_artifacts_hold_readable_code(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """Notebook 09's exercises: which factor of the compile cache's key a change moves (computed with
-caching.backend_cache_key and caching.aot_cache_key on real models and configs), and what a cold
+cache_keys.backend_cache_key and cache_keys.aot_cache_key on real models and configs), and what a cold
 start, a warm start and a warm start without the mega artifact do (counted on real compiles into
 a fresh cache)."""
 
@@ -42,7 +42,7 @@ CHANGES: dict[str, str] = {
         "compile time without changing them, so one artifact serves every cudagraph_mode",
     "rms_norm_eps 1e-05 -> 1e-06 in config.json":
         "the eps is a plain float an RMSNorm holds; Dynamo bakes it into the graph as a constant, so the key "
-        "hashes every plain value of the module tree (caching.model_constants) as 'constants'",
+        "hashes every plain value of the module tree (cache_keys.model_constants) as 'constants'",
     "other weights, same shapes (a fine-tuned checkpoint)":
         "weights are graph inputs: their names, shapes, dtypes and devices are in 'model', their values in no "
         "factor, so a fine-tuned checkpoint of the same architecture loads the same kernels",
@@ -80,7 +80,7 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
     """For each change: the backend-key factors it moves, and whether the AOT key moves; and the
     backend key's factors."""
     import minivllm_compile.models.llama as llama_module
-    from minivllm_compile import CompilationConfig, CompilationMode, caching
+    from minivllm_compile import CompilationConfig, CompilationMode, cache_keys
     from minivllm_compile.backends import set_model_tag
     from minivllm_compile.decorators import input_spec
     from minivllm_compile.models import CHECKPOINTS, load_model
@@ -105,9 +105,9 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
             cc = cc or config()
             cc.traced_files = {str(traced)}  # what the decorator records during the trace
             spec = input_spec(lm.model, (first_ids, torch.arange(7)), {}, {"input_ids": 0, "positions": 0}, None)
-            factors_of_model = caching.model_factors(lm.model, spec)
-            _, factors = caching.backend_cache_key(cc, "cpu", factors_of_model)
-            return factors, caching.aot_cache_key(lm.model, cc, factors_of_model)[0]
+            factors_of_model = cache_keys.model_factors(lm.model, spec)
+            _, factors = cache_keys.backend_cache_key(cc, "cpu", factors_of_model)
+            return factors, cache_keys.aot_cache_key(lm.model, cc, factors_of_model)[0]
 
         base = load_model(checkpoint, compilation_config=config())
         base_factors, base_aot = keys(base)
@@ -183,10 +183,10 @@ def _grade_keys(answer: Any) -> str:
     if missing or unknown:
         raise ExerciseFailed(f"answer one entry per change, labelled as in nb09.CHANGES: missing {missing}, "
                              f"not a change of this exercise {unknown}")
-    from minivllm_compile import CompilationConfig, caching
+    from minivllm_compile import CompilationConfig, cache_keys
 
     # the factor names, as cache_key_factors.json lists them
-    known = set(caching.backend_cache_key(CompilationConfig(), "cpu", caching.model_factors(torch.nn.Module()))[1])
+    known = set(cache_keys.backend_cache_key(CompilationConfig(), "cpu", cache_keys.model_factors(torch.nn.Module()))[1])
     said = {label: _factor_of(answer[label], label, known) for label in CHANGES}
     truth, names = _key_truth()
     assert names == known, (names, known)
@@ -201,7 +201,7 @@ def _grade_keys(answer: Any) -> str:
         did = f"it moves '{real}'" if real else "the key stays the same: no factor moves"
         problems.append(f"{label}: you said {said_factor!r}; {did}. Why: {why}")
     if problems:
-        raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed with caching.backend_cache_key; "
+        raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed with cache_keys.backend_cache_key; "
                              "notebook 09 §4 and §8, the factor table):\n  - " + "\n  - ".join(problems))
     new_key = [label for label, (moved, _) in truth.items() if moved]
     aot_blind = [label for label in new_key if not truth[label][1]]
