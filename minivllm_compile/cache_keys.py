@@ -7,8 +7,9 @@ something else. Its factors, and what each covers:
     envs            the switches that change what is compiled (VLLM_USE_AOT_COMPILE, ...)
     torch           the torch release that compiled it
     inductor_config Inductor's own settings in this process
-    compiler        the source of this package's compiler (backends, passes, ...): vLLM puts its
-                    release (vllm.__version__) in the key for the same reason
+    compiler        the source of this package's compiler (cache_files.compiler_files: every module
+                    but the display-only ones): vLLM puts its release (vllm.__version__) in the
+                    key for the same reason
     passes          the post-grad passes' uuids, a user's pass included (vLLM: PostGradPassManager.uuid)
     model           the compiled module's class and every parameter's and buffer's name, shape,
                     dtype and device (weights are graph inputs: their values are not baked in)

@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import pickle
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch.fx as fx
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from minivllm_compile import cpu_isa, envs
-from minivllm_compile.cache_files import cache_root
 from minivllm_compile.cache_keys import DEFAULT_MODEL_TAG
 from minivllm_compile.compiler_interface import first_output
 from minivllm_compile.config import CompilationConfig, CompilationMode, Range
@@ -260,44 +257,6 @@ def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict], 
                 runnables[r] = first_output(runnables[r])
         gm.__dict__[p["submod"]] = wrap_with_cudagraph_if_needed(PiecewiseBackend.from_runnables(
             cc, p["index"], p["sym_shape_indices"], runnables), cc)
-
-
-# --- inspection ---------------------------------------------------------------
-
-# where compiler_interface.initialize_inductor_cache points Inductor's and Triton's own caches
-FOREIGN_CACHES = {"inductor_cache": "Inductor's FX graph cache and generated code",
-                  "triton_cache": "Triton's compiled kernels"}
-
-
-def describe(root: str | Path | None = None) -> str:
-    """The cache as a tree with sizes, the factors of each backend entry, and its artifacts."""
-    root = Path(root) if root else cache_root()
-    if not root.exists():
-        return f"{root}: empty (nothing compiled with the cache on yet)"
-    lines = [f"{root}"]
-    for path in sorted(p for p in root.rglob("*") if not p.name.startswith(".")):
-        rel = path.relative_to(root).parts
-        if any(part in FOREIGN_CACHES for part in rel[:-1]):
-            continue  # inside Inductor's or Triton's own cache: one line for the whole folder
-        depth = len(rel)
-        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
-        size = sum(f.stat().st_size for f in files)
-        note = f"  ({len(files)} files: {FOREIGN_CACHES[path.name]})" if path.name in FOREIGN_CACHES else ""
-        lines.append(f"{'  ' * depth}{path.name}{'/' if path.is_dir() else ''}  {_human(size)}{note}")
-        if path.name == "cache_key_factors.json":
-            factors = json.loads(path.read_text())
-            for k, v in factors.items():
-                shown = f"{len(v)} files" if k == "traced_files" else v
-                lines.append(f"{'  ' * (depth + 1)}· {k}: {shown}")
-    return "\n".join(lines)
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable: GB always returns")
 
 
 def range_key(r: Range) -> str:

@@ -330,3 +330,36 @@ def test_the_key_covers_every_factor():
     assert VllmBackend(CompilationConfig()).prefix == "backbone"
     with pytest.raises(ValueError, match="current tag"), set_model_tag("backbone"):
         pass
+
+
+def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_path):
+    """compiler_source_hash hashes the compiler's modules only: editing a view, an exercise, a model
+    or a measuring tool keeps every user's cache; editing a backend or a pass does not. The
+    display-only helpers live on the display side of that boundary."""
+    from minivllm_compile import cache_files
+    from minivllm_compile.viz import count_dynamo_entries, describe_cache, triton_source_codegen_only
+
+    package = Path(cache_files.__file__).resolve().parent
+    for helper in (count_dynamo_entries, describe_cache, triton_source_codegen_only):
+        first = Path(sys.modules[helper.__module__].__file__).relative_to(package).parts[0]
+        assert first in cache_files.NOT_COMPILER, (helper.__name__, first)
+    copy = tmp_path / "minivllm_compile"
+    for f in package.rglob("*.py"):
+        (copy / f.relative_to(package)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / f.relative_to(package)).write_text(f.read_text())
+
+    def hash_after(edit: str) -> str:
+        path = copy / edit
+        saved = path.read_text()
+        path.write_text(saved + "\n# edited\n")
+        try:
+            return cache_files.source_hash(cache_files.compiler_files(copy), copy)
+        finally:
+            path.write_text(saved)
+
+    base = cache_files.source_hash(cache_files.compiler_files(copy), copy)
+    for display_only in ("viz/cache.py", "viz/kernels.py", "viz/dynamo_entries.py", "exercises/nb04.py",
+                         "models/lm.py", "bench.py", "startup.py", "tour.py"):
+        assert hash_after(display_only) == base, display_only
+    for compiler in ("backends.py", "caching.py", "cache_keys.py", "monitor.py", "passes/pass_manager.py"):
+        assert hash_after(compiler) != base, compiler

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, cache_keys, caching, compilation_counter, cpu_isa
+from minivllm_compile import CompilationConfig, CompilationMode, cache_keys, compilation_counter, cpu_isa
 from minivllm_compile.models import build_model
+from minivllm_compile.viz.cache import describe_cache
 
 CHILD = r"""
 import json, sys, torch
@@ -92,7 +93,7 @@ def test_the_compile_fx_adaptor_keeps_inductors_own_cache_in_the_compile_cache(t
     assert (rank / "inductor_cache" / "fxgraph").is_dir() and (rank / "triton_cache").is_dir()
     assert not list(elsewhere.rglob("*"))  # nothing went to where the variable pointed before
     assert not (root / "torch_compile_cache" / "torch_aot_compile").exists()
-    tree = caching.describe(root / "torch_compile_cache")  # Inductor's cache is one line there
+    tree = describe_cache(root / "torch_compile_cache")  # Inductor's cache is one line there
     assert "inductor_cache/" in tree and "fxgraph" not in tree and "files: Inductor's FX graph cache" in tree
 
     proc, second = run_child(root, tmp_path / "out2.pt", env=env)
@@ -140,7 +141,7 @@ def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
     assert any(p.endswith("models/llama.py") for p in factors["traced_files"])
     # the mega artifact: the pieces are inside the AOT file (the other layout: tests/test_aot_paths.py)
     assert not list(d.glob("artifact_*")) and not (d / "vllm_compile_cache.py").exists()
-    text = caching.describe(root / "torch_compile_cache")
+    text = describe_cache(root / "torch_compile_cache")
     assert "cache_key_factors.json" in text and "traced_files: " in text and "model" in text
 
 

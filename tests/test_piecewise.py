@@ -242,7 +242,7 @@ def test_should_split_formats_and_unknown_names(caplog):
 def test_triton_source_is_written_on_cpu_without_a_gpu():
     """Inductor writes Triton for a CPU graph in codegen-only mode; static for a size (the
     element count is a constant), symbolic for a range (it is computed from num_tokens)."""
-    from minivllm_compile.compiler_interface import triton_source_codegen_only
+    from minivllm_compile.viz.kernels import triton_source_codegen_only
 
     lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager"))
     lm(torch.arange(6), torch.arange(6))

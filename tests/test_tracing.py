@@ -20,7 +20,7 @@ from minivllm_compile import (
 )
 from minivllm_compile.wrapper import compile_model_with_stock_torch
 from minivllm_compile.models import build_model
-from minivllm_compile.monitor import count_dynamo_entries
+from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
 
 ONCE = CompilationMode.DYNAMO_TRACE_ONCE
 
