@@ -184,6 +184,16 @@ class CompilerManager:
         self.disable_cache = True
         self.prefix = ""  # the model tag, in log lines as vLLM's _log_prefix
 
+    @contextlib.contextmanager
+    def compile_context(self, compile_range: Range) -> Iterator[None]:
+        """Around one Inductor compile (vLLM's): the passes Inductor runs inside read the compile
+        range from this pass context, and a range-gated pass (is_applicable_for_range) skips the
+        ranges it does not serve."""
+        from minivllm_compile.passes import pass_context  # the passes load with the first compile
+
+        with pass_context(compile_range):
+            yield
+
     @property
     def cache_file_path(self) -> Path | None:
         return self.cache_dir / self.INDEX_NAME if self.cache_dir is not None else None
@@ -277,12 +287,10 @@ class CompilerManager:
                 compilation_counter.num_inductor_compiles += 1
         else:
             compilation_counter.num_unique_compiles += 1
-            manager = self.inductor_config.get("post_grad_custom_post_pass")
-            if hasattr(manager, "set_compile_range"):
-                manager.set_compile_range(compile_range)
             artifact_key = f"artifact_compile_range_{caching.range_key(compile_range)}_subgraph_{graph_index}"
-            entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
-                                  compile_range, graph_index, key=artifact_key)
+            with self.compile_context(compile_range):
+                entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
+                                      compile_range, graph_index, key=artifact_key)
             # a progress line per piece and entry that Inductor compiled (vLLM logs one per range
             # after its last piece); an eager "compile" takes no time and stays at DEBUG
             logger.log(logging.DEBUG if self.compiler.name == "eager" else logging.INFO,

@@ -4,6 +4,12 @@
     torch._inductor.config.post_grad_custom_post_pass = manager
     torch._inductor.config.enable_auto_functionalized_v2 = False   # FixFunctionalization reads v1
 
+Each pass may apply to some compile ranges only (`is_applicable_for_range`): the manager reads
+the range of the compile in progress from the pass context (`get_pass_context()`), which the
+backend sets around each piece's compile (`CompilerManager.compile_context`), as in vLLM. A graph
+compiled outside the backend (the manager installed by hand, outside any `pass_context`) runs
+every pass: vLLM asserts a context there.
+
 Order: NoOpElimination -> RMSNormQuantFusion, ActivationQuantFusion, QKNormRoPEFusion (each when
 enabled) -> user passes (`add`) ->
 FixFunctionalization, always last, so every other pass sees a functional graph.
@@ -22,7 +28,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from minivllm_compile.cache_files import compiler_source_hash
 from minivllm_compile.config import CompilationConfig, PassConfig, Range
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
-from minivllm_compile.passes.inductor_pass import CallableInductorPass, InductorPass, graph_text
+from minivllm_compile.passes.inductor_pass import (CallableInductorPass, InductorPass, get_pass_context, graph_text,
+                                                   in_pass_context)
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
 from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
 
@@ -34,7 +41,6 @@ class PostGradPassManager(CustomGraphPass):
         self.passes: list[CustomGraphPass] = []
         self.fix_functionalization: FixFunctionalizationPass | None = None
         self.pass_config = PassConfig()
-        self.compile_range: Range | None = None
         # (stage, graph source) for every pass run, across every graph this manager has seen
         self.records: Records = []
 
@@ -69,18 +75,20 @@ class PostGradPassManager(CustomGraphPass):
             pass_ = CallableInductorPass(pass_)
         self.passes.append(pass_)
 
-    def set_compile_range(self, compile_range: Range) -> None:
-        """The num_tokens range the next compile serves (vLLM reads it from a pass context)."""
-        self.compile_range = compile_range
+    @staticmethod
+    def compile_range() -> Range | None:
+        """The num_tokens range of the compile in progress; None outside a pass context."""
+        return get_pass_context().compile_range if in_pass_context() else None
 
     def all_passes(self) -> list[CustomGraphPass]:
         return self.passes + ([self.fix_functionalization] if self.fix_functionalization else [])
 
     def __call__(self, graph: fx.Graph) -> None:
+        compile_range = self.compile_range()
         for i, pass_ in enumerate(self.all_passes()):
             applicable = getattr(pass_, "is_applicable_for_range", lambda _: True)
-            if not applicable(self.compile_range):
-                logger.debug("skipping %s for %s", type(pass_).__name__, self.compile_range)
+            if not applicable(compile_range):
+                logger.debug("skipping %s for %s", type(pass_).__name__, compile_range)
                 continue
             if isinstance(pass_, VllmInductorPass):  # it records itself (and any inner stages)
                 pass_.records, pass_.dump_prefix = self.records, i
@@ -99,7 +107,7 @@ class PostGradPassManager(CustomGraphPass):
         state = {
             "pass_config": asdict(self.pass_config),
             "passes": [p.uuid() for p in self.all_passes()],
-            "compile_range": str(self.compile_range),
+            "compile_range": str(self.compile_range()),
             "compiler": compiler_source_hash(),
         }
         return InductorPass.hash_dict(state)
