@@ -75,8 +75,8 @@ def _try_load_aot_compiled_fn(model):
             fn.disable_guard_check()
         # without the mega artifact the backend runs again now, on the saved Dynamo graph (the
         # traced files just added key its cache dir), and loads each piece from its index
-        fn._artifacts.compiled_fn.finalize_loading(model.compilation_config, model.model_factors,
-                                                   functools.partial(VllmBackend, from_saved_graph=True))
+        fn._artifacts.compiled_fn.finalize_loading(model.compilation_config, functools.partial(
+            VllmBackend, from_saved_graph=True, model_factors=lambda: model.model_factors))
     except Exception as e:  # corrupt, truncated, stale, or from another torch: compile again
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         if force:

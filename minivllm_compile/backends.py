@@ -17,7 +17,7 @@ import operator
 import pprint
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
@@ -362,14 +362,16 @@ def set_model_tag(tag: str) -> Iterator[None]:
 
 
 class VllmBackend:
-    def __init__(self, compilation_config: CompilationConfig, prefix: str = "", from_saved_graph: bool = False):
+    def __init__(self, compilation_config: CompilationConfig, prefix: str = "", from_saved_graph: bool = False,
+                 model_factors: Callable[[], dict | None] | None = None):
         self.compilation_config = compilation_config
         self.prefix = prefix or model_tag
         # run by a non-mega AOT load on the saved Dynamo graph, not by Dynamo
         self.from_saved_graph = from_saved_graph
-        # what tells this model from others in the cache key (cache_keys.model_factors); the
-        # decorator sets it at the first call, None when the backend is used on its own
-        self.model_factors: dict | None = None
+        # what tells this model from others in the cache key (cache_keys.model_factors), asked for
+        # when the graph arrives: the decorated model knows them only at its first call. None: a
+        # backend used on its own, keyed without them
+        self.model_factors = model_factors or (lambda: None)
         self.inductor_config, _ = compilation_config.inductor_config_and_guard_filter()
         self.compiler_manager = CompilerManager(compilation_config, self.inductor_config)
         self.graphs: list[fx.GraphModule] = []  # the Dynamo graph (one: Dynamo traces once)
@@ -396,7 +398,7 @@ class VllmBackend:
         but then two models given the same cache_dir would overwrite each other's pieces."""
         cc = self.compilation_config
         device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
-        key, self.cache_key_factors = cache_keys.backend_cache_key(cc, device, self.model_factors)
+        key, self.cache_key_factors = cache_keys.backend_cache_key(cc, device, self.model_factors())
         if envs.VLLM_DISABLE_COMPILE_CACHE:
             return None
         local = Path(cc.cache_dir or cache_files.cache_root()) / key / "rank_0_0" / self.prefix

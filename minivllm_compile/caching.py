@@ -157,8 +157,7 @@ class VllmSerializableFunction(SerializableCallable):
             _load_pieces(gm, cc, state["pieces"], state["artifacts"])
         return cls(gm, cc, state["pieces"], None, state["save_format"])
 
-    def finalize_loading(self, compilation_config: CompilationConfig, model_factors: dict | None,
-                         make_backend: Any) -> None:
+    def finalize_loading(self, compilation_config: CompilationConfig, make_backend: Any) -> None:
         """As vLLM's: run the backend on the loaded Dynamo graph, now that the traced files are in
         `compilation_config` (the cache dir is keyed on them). Each piece's entries are loaded from
         the CompilerManager's index; one that is missing or unusable is compiled. Nothing to do for
@@ -169,7 +168,6 @@ class VllmSerializableFunction(SerializableCallable):
 
         gm, prefix, fake_mode = self._pending
         backend = make_backend(compilation_config, prefix)  # a VllmBackend, from the module above this one
-        backend.model_factors = model_factors
         example_inputs = [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")]
         with tracing(TracingContext(fake_mode)), cpu_isa.remembered_probe():
             with fake_mode:

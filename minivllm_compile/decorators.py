@@ -9,10 +9,11 @@ source file it reads is recorded in compilation_config.traced_files (§11).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import typing
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 from unittest.mock import patch
 
 import torch
@@ -117,8 +118,38 @@ def input_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_arg_dims: di
         else:
             constant = cache_keys.constant_value(value)
             spec[name] = {"value": type(value).__name__ if constant is None else constant}
-    model._input_checks = _compile_checks(model, spec)
     return spec
+
+
+@contextlib.contextmanager
+def compile_patches(model: nn.Module) -> Iterator[None]:
+    """What the first compile runs under (vLLM's decorators.py; seed §11): (1) every file Dynamo
+    reads joins compilation_config.traced_files, the forward's own and each function Dynamo
+    inlines (InliningInstructionTranslator.inline_call_, patched); (2) the config patches: no
+    C++ symbolic-shape guards (they are dropped anyway, so compiling them is wasted time),
+    backed_size_oblivious for BACKED_SIZE_OBLIVIOUS shapes, and Inductor's 32-bit indexing when
+    dynamic_shapes_config.assume_32_bit_indexing asks for it (each where this torch has it)."""
+    traced = model.compilation_config.traced_files
+    traced.add(model.original_code_object().co_filename)
+    inline_call = InliningInstructionTranslator.inline_call_
+
+    def patched_inline_call(tracer):  # every function Dynamo inlines passes through here
+        traced.add(tracer.f_code.co_filename)
+        return inline_call(tracer)
+
+    ds = model.compilation_config.dynamic_shapes_config
+    supported = _compile_patches_supported()
+    dynamo_patches = {"enable_cpp_symbolic_shape_guards": False} \
+        if supported["enable_cpp_symbolic_shape_guards"] else {}
+    fx_patches = {"backed_size_oblivious": True} \
+        if ds.type == DynamicShapesType.BACKED_SIZE_OBLIVIOUS else {}
+    inductor_patches = {"assume_32bit_indexing": True} \
+        if ds.assume_32_bit_indexing and supported["assume_32bit_indexing"] else {}
+    with (patch.object(InliningInstructionTranslator, "inline_call_", patched_inline_call),
+          torch._dynamo.config.patch(**dynamo_patches),
+          torch.fx.experimental._config.patch(**fx_patches),
+          torch._inductor.config.patch(**inductor_patches)):
+        yield
 
 
 def _compile_checks(model: nn.Module, spec: dict[str, dict]) -> tuple:
@@ -222,44 +253,24 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         if self.compiled:
             check_inputs(self, args, kwargs)
             return TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
-        # what this one trace will fit: part of the cache key, and checked at every later call
+        # what this one trace will fit: part of the cache key (the backend asks for model_factors
+        # when Dynamo hands it the graph), and checked at every later call
         self.input_spec = input_spec(self, args, kwargs, dynamic_arg_dims, mark_unbacked_dims)
+        self._input_checks = _compile_checks(self, self.input_spec)
         self.model_factors = cache_keys.model_factors(self, self.input_spec)
-        if hasattr(self.backend, "model_factors"):
-            self.backend.model_factors = self.model_factors
         use_aot = caching.use_aot_compile(self.compilation_config)
         if use_aot:
             loaded = aot._try_load_aot_compiled_fn(self)
             if loaded is not None:
                 self.aot_compiled_fn, self.compiled = loaded, True
                 return self.aot_compiled_fn(self, *args, **kwargs)
-        # the first call: mark dynamic dims, record traced files, apply the compile patches
+        # the first call: mark the dynamic dims, then compile under the compile patches
         mark_dynamic_inputs(self, args, kwargs)
-        traced = self.compilation_config.traced_files
-        traced.add(self.original_code_object().co_filename)
-        inline_call = InliningInstructionTranslator.inline_call_
-
-        def patched_inline_call(tracer):  # every function Dynamo inlines passes through here
-            traced.add(tracer.f_code.co_filename)
-            return inline_call(tracer)
-
-        ds = self.compilation_config.dynamic_shapes_config
-        supported = _compile_patches_supported()
-        dynamo_patches = {"enable_cpp_symbolic_shape_guards": False} \
-            if supported["enable_cpp_symbolic_shape_guards"] else {}
-        fx_patches = {"backed_size_oblivious": True} \
-            if ds.type == DynamicShapesType.BACKED_SIZE_OBLIVIOUS else {}
-        inductor_patches = {"assume_32bit_indexing": True} \
-            if ds.assume_32_bit_indexing and supported["assume_32bit_indexing"] else {}
-        with (monitor_torch_compile(self.compilation_config),
-              patch.object(InliningInstructionTranslator, "inline_call_", patched_inline_call),
-              torch._dynamo.config.patch(**dynamo_patches),
-              torch.fx.experimental._config.patch(**fx_patches),
-              torch._inductor.config.patch(**inductor_patches)):
+        with monitor_torch_compile(self.compilation_config), compile_patches(self):
             if use_aot:  # §10/§11: compile ahead of time, save, then run the compiled function
                 self.aot_compiled_fn = self.aot_compile(*args, **kwargs)
                 compilation_counter.num_aot_compiles += 1
-                if not ds.evaluate_guards:
+                if not self.compilation_config.dynamic_shapes_config.evaluate_guards:
                     # as after a load: the guards were filtered away, so checking what is left
                     # only binds the call's arguments again, every call (~20 us here). vLLM
                     # leaves the check on for a fresh compile and turns it off for a loaded one.

@@ -109,6 +109,8 @@ def compile_model_with_stock_torch(module: torch.nn.Module, compilation_config: 
 
 
 class TorchCompileWithNoGuardsWrapper:
+    model_factors: dict | None = None  # set by support_torch_compile at the model's first call
+
     def __init__(self) -> None:
         cc = self.compilation_config
         mode, ds = cc.mode, cc.dynamic_shapes_config
@@ -131,7 +133,8 @@ class TorchCompileWithNoGuardsWrapper:
         if mode == CompilationMode.VLLM_COMPILE:
             from minivllm_compile.backends import VllmBackend
 
-            self.backend = backend = VllmBackend(cc)
+            # the decorated model's cache-key factors, known at its first call (None for a bare wrapper)
+            self.backend = backend = VllmBackend(cc, model_factors=lambda: self.model_factors)
         else:
             self.backend = backend = WholeGraphBackend(cc.backend, inductor_config, trace_once=True)
         if envs.VLLM_USE_AOT_COMPILE:

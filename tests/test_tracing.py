@@ -414,3 +414,41 @@ print("eager", tuple(out.shape))
     assert "eager (8, 258)" in r.stdout
     assert "TORCH_COMPILE_DISABLE is set" in r.stderr
     assert not any(tmp_path.iterdir())  # no AOT file, no piece folder
+
+
+def test_the_first_compile_runs_under_one_named_set_of_patches():
+    """decorators.compile_patches (seed §11): inside it every file Dynamo inlines is recorded and
+    the C++ shape guards are off (with 32-bit indexing when asked for); after it, torch is as it was.
+    input_spec only describes the call: the decorator keeps the checks it derives."""
+    from torch._dynamo.symbolic_convert import InliningInstructionTranslator
+
+    from minivllm_compile.decorators import compile_patches, input_spec
+
+    ds = DynamicShapesConfig(assume_32_bit_indexing=True)
+    model = Branchy(compilation_config=cfg(dynamic_shapes_config=ds))
+    inline_call = InliningInstructionTranslator.inline_call_
+    with compile_patches(model):
+        assert InliningInstructionTranslator.inline_call_ is not inline_call
+        assert torch._dynamo.config.enable_cpp_symbolic_shape_guards is False
+        assert torch._inductor.config.assume_32bit_indexing is True
+    assert InliningInstructionTranslator.inline_call_ is inline_call
+    assert torch._inductor.config.assume_32bit_indexing is False
+    assert Branchy.forward.__code__.co_filename in model.compilation_config.traced_files
+    spec = input_spec(model, (torch.ones(6, 8),), {}, {"x": 0}, None)
+    assert spec == {"x": {"dtype": "torch.float32", "device": "cpu", "shape": [None, 8], "contiguous": True}}
+    assert not hasattr(model, "_input_checks")  # no side effect: the decorator's first call sets it
+
+
+def test_the_backend_gets_the_models_cache_key_factors_as_an_argument():
+    """VllmBackend(model_factors=...) asks for them when Dynamo hands it the graph; a decorated
+    model passes its own (known at its first call), a backend used on its own keys without them."""
+    from minivllm_compile.backends import VllmBackend
+
+    cc = cfg(CompilationMode.VLLM_COMPILE, compile_sizes=[], max_num_batched_tokens=16)
+    lm = build_model("llama", num_layers=1, compilation_config=cc)
+    lm(torch.arange(5), torch.arange(5))
+    factors = lm.model.backend.cache_key_factors
+    assert {k: factors[k] for k in lm.model.model_factors} == lm.model.model_factors
+    assert VllmBackend(cc).model_factors() is None
+    given = {"model": "m", "constants": "c", "inputs": None, "tag": "backbone"}
+    assert VllmBackend(cc, model_factors=lambda: given).model_factors() is given
