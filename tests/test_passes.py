@@ -322,7 +322,7 @@ def _tiny_gm() -> fx.GraphModule:
 def test_manager_order_records_and_range_filter():
     mgr = _manager()
     mgr.add(_CountNodes())
-    mgr.add(lambda graph: None)  # a plain function: wrapped in CallableInductorPass
+    mgr.add(CallableInductorPass(lambda graph: None))  # a plain function, wrapped explicitly
     mgr.add(_SingleSizeOnly())
     assert [type(p).__name__ for p in mgr.all_passes()] == [
         "NoOpEliminationPass", "_CountNodes", "CallableInductorPass", "_SingleSizeOnly",
@@ -339,7 +339,7 @@ def test_manager_order_records_and_range_filter():
     with pass_context(Range(4, 4)):
         mgr(gm.graph)
     assert gm.ran
-    with pytest.raises(TypeError, match="neither a CustomGraphPass"):
+    with pytest.raises(TypeError, match="takes an InductorPass.*give an InductorPass"):
         mgr.add(42)
     assert [type(p).__name__ for p in _manager(eliminate_noops=False, enable_fix_functionalization=False)
             .all_passes()] == []
@@ -421,3 +421,35 @@ def test_the_backend_compiles_each_entry_inside_its_pass_context():
     with pytest.raises(RuntimeError, match="pass_context"):
         mgr(_tiny_gm().graph)  # the pass itself asks for the context: none outside a compile
     assert PostGradPassManager.compile_range() is None
+
+
+def test_add_takes_an_inductor_pass_only_and_the_config_wraps_a_function():
+    """As vLLM's PostGradPassManager.add (it asserts isinstance InductorPass): a plain function or a
+    bare CustomGraphPass is refused, naming the wrapper; a function given as the config's
+    post_grad_custom_post_pass is wrapped on the way in, keyed by its source."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from minivllm_compile import CompilationConfig
+    from minivllm_compile.passes import make_pass_manager
+
+    class Bare(CustomGraphPass):
+        def __call__(self, graph):
+            pass
+
+        def uuid(self):
+            return "bare"
+
+    def user_pass(graph):
+        pass
+
+    mgr = _manager()
+    for bad in (user_pass, Bare()):
+        with pytest.raises(TypeError, match=r"takes an InductorPass.*CallableInductorPass\(fn\)"):
+            mgr.add(bad)
+    assert [type(p).__name__ for p in mgr.passes] == ["NoOpEliminationPass"]
+    for given, uuid in ((user_pass, InductorPass.hash_source(user_pass)), (Bare(), "bare")):
+        cc = CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": given})
+        wrapped = make_pass_manager(cc).passes[-1]
+        assert isinstance(wrapped, CallableInductorPass) and wrapped.uuid() == uuid
+    with pytest.raises(TypeError, match="post_grad_custom_post_pass"):
+        make_pass_manager(CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": 42}))

@@ -18,7 +18,6 @@ FixFunctionalization, always last, so every other pass sees a functional graph.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -66,13 +65,13 @@ class PostGradPassManager(CustomGraphPass):
         if pass_config.enable_fix_functionalization:
             self.fix_functionalization = FixFunctionalizationPass(pass_config)
 
-    def add(self, pass_: CustomGraphPass | Callable[[fx.Graph], None]) -> None:
-        """A user pass, run after the default ones and before FixFunctionalization. A plain
-        function is wrapped in CallableInductorPass (its uuid: the hash of its source)."""
-        if not isinstance(pass_, CustomGraphPass):
-            if not callable(pass_):
-                raise TypeError(f"{pass_!r} is neither a CustomGraphPass nor a function of a graph")
-            pass_ = CallableInductorPass(pass_)
+    def add(self, pass_: InductorPass) -> None:
+        """A user pass, run after the default ones and before FixFunctionalization. Only an
+        InductorPass, as in vLLM (which asserts it): its uuid keys Inductor's cache, so a plain
+        function must say what it is, CallableInductorPass(fn) (its uuid: the hash of its source)."""
+        if not isinstance(pass_, InductorPass):
+            hint = "wrap it: CallableInductorPass(fn)" if callable(pass_) else "give an InductorPass"
+            raise TypeError(f"PostGradPassManager.add takes an InductorPass, got {pass_!r}: {hint}")
         self.passes.append(pass_)
 
     @staticmethod
@@ -124,5 +123,17 @@ def make_pass_manager(cc: CompilationConfig) -> PostGradPassManager:
         raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is a PostGradPassManager: "
                          "give the pass itself; the backend builds the manager")
     if user_pass is not None:
-        manager.add(user_pass)
+        manager.add(as_inductor_pass(user_pass))
     return manager
+
+
+def as_inductor_pass(pass_: Any) -> InductorPass:
+    """A user's `post_grad_custom_post_pass` as an InductorPass: a function of a graph (or another
+    CustomGraphPass) is wrapped in CallableInductorPass here. vLLM wraps the entries of
+    CompilationConfig.inductor_passes so, and asserts that this key already holds an InductorPass."""
+    if isinstance(pass_, InductorPass):
+        return pass_
+    if not callable(pass_):
+        raise TypeError(f"inductor_compile_config['post_grad_custom_post_pass'] is {pass_!r}: give an "
+                        "InductorPass or a function of a torch.fx.Graph")
+    return CallableInductorPass(pass_, pass_.uuid() if isinstance(pass_, CustomGraphPass) else None)
