@@ -438,7 +438,7 @@ class VllmBackend:
                    "entries": {r: e.compiled.artifact_path for r, e in pb.range_entries.items()}}
                   for pb in self.piecewise_backends]
         return caching.VllmSerializableFunction(self.split_gm, cc, pieces, self.cache_dir,
-                                                cc.compile_cache_save_format)
+                                                cc.compile_cache_save_format, example_inputs)
 
     def _widen_backed_ranges_for_evaluate_guards(self) -> None:
         """As vLLM's VllmBackend.__call__: with evaluate_guards and BACKED shapes, a backed size

@@ -26,8 +26,9 @@ import hashlib
 import logging
 import pickle
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
+import torch
 import torch.fx as fx
 from torch._dynamo.aot_compile_types import SerializableCallable
 
@@ -93,8 +94,12 @@ class VllmSerializableFunction(SerializableCallable):
     """
 
     def __init__(self, split_gm: fx.GraphModule, compilation_config: CompilationConfig,
-                 pieces: list[dict], cache_dir: str | None, save_format: str):
+                 pieces: list[dict], cache_dir: str | None, save_format: str, example_inputs: Sequence = ()):
         self.split_gm = split_gm
+        # as vLLM's: the ShapeEnv of the trace (its symbols, their ranges and guards), from the first
+        # SymInt input; None for a mega load, which rebuilds the pieces without tracing
+        sym_input = next((i for i in example_inputs if isinstance(i, torch.SymInt)), None)
+        self.shape_env = sym_input.node.shape_env if sym_input is not None else None
         self.compilation_config = compilation_config
         self.pieces = pieces  # [{"submod": name, "index": i, "sym_shape_indices": [...], "entries": {...}}]
         self.cache_dir = cache_dir
@@ -146,7 +151,7 @@ class VllmSerializableFunction(SerializableCallable):
             # backend's cache dir is keyed on them): the backend runs in finalize_loading
             fn = cls.__new__(cls)
             fn.split_gm, fn.compilation_config, fn.pieces, fn.cache_dir = None, None, [], None
-            fn.save_format, fn.vllm_backend = state["save_format"], None
+            fn.save_format, fn.vllm_backend, fn.shape_env = state["save_format"], None, None
             fn._pending = (gm, state["prefix"], fake_mode)
             return fn
         for child in gm.children():
@@ -175,7 +180,7 @@ class VllmSerializableFunction(SerializableCallable):
             built = backend(gm, example_inputs)
         self._pending = None
         self.split_gm, self.compilation_config, self.pieces = built.split_gm, compilation_config, built.pieces
-        self.cache_dir, self.vllm_backend = built.cache_dir, backend
+        self.cache_dir, self.vllm_backend, self.shape_env = built.cache_dir, backend, built.shape_env
 
 
 def _pickle_graph(gm: fx.GraphModule, keep_inputs: bool) -> bytes:

@@ -412,3 +412,30 @@ def test_unpacked_artifacts_hold_readable_code(tmp_path, monkeypatch):
     build_model("llama", num_layers=1, compilation_config=cc)(torch.arange(5), torch.arange(5))
     sources = [p for p in tmp_path.rglob("*.py") if "artifact_compile_range" in str(p)]
     assert sources and any("def call(" in p.read_text() for p in sources)
+
+
+def test_the_serializable_function_exposes_the_traces_shape_env():
+    """As vLLM's VllmSerializableFunction.shape_env: the ShapeEnv of the trace, from its first
+    SymInt input, where num_tokens' symbol and its range live."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from minivllm_compile.backends import VllmBackend
+
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager", compile_sizes=[],
+                           max_num_batched_tokens=16)
+    backend, made = VllmBackend(cc), []
+
+    def keep(gm, example_inputs):
+        made.append(backend(gm, example_inputs))
+        made.append(example_inputs)
+        return made[0]
+
+    x = torch.randn(6, 4)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    torch.compile(lambda t: t * 2, backend=keep, fullgraph=True)(x)
+    torch._dynamo.reset()
+    fn, inputs = made
+    (sym,) = [i for i in inputs if isinstance(i, torch.SymInt)]
+    assert isinstance(fn.shape_env, ShapeEnv) and fn.shape_env is sym.node.shape_env
+    assert sym.node.expr in fn.shape_env.var_to_range
