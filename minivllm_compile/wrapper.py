@@ -109,14 +109,22 @@ def compile_model_with_stock_torch(module: torch.nn.Module, compilation_config: 
 
 
 class TorchCompileWithNoGuardsWrapper:
+    """torch.compile of self.forward, its guards dropped, except under STOCK_TORCH_COMPILE: there,
+    as in vLLM, the wrapper keeps Dynamo's guards (a guard_filter_fn in inductor_compile_config is
+    the only filter) and a guarded function recompiles as stock torch.compile would, with no
+    bytecode hook. The decorator never builds one in STOCK_TORCH_COMPILE (the caller compiles);
+    a class of one's own may (vLLM's tests/compile/test_wrapper.py)."""
+
     model_factors: dict | None = None  # set by support_torch_compile at the model's first call
 
     def __init__(self) -> None:
         cc = self.compilation_config
         mode, ds = cc.mode, cc.dynamic_shapes_config
-        hook = envs.VLLM_USE_BYTECODE_HOOK
-        if mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
-            raise RuntimeError(f"{mode.name} does not use TorchCompileWithNoGuardsWrapper")
+        stock = mode == CompilationMode.STOCK_TORCH_COMPILE
+        hook = envs.VLLM_USE_BYTECODE_HOOK and not stock
+        if mode == CompilationMode.NONE:
+            raise RuntimeError("CompilationMode.NONE compiles nothing: TorchCompileWithNoGuardsWrapper needs "
+                               "STOCK_TORCH_COMPILE, DYNAMO_TRACE_ONCE or VLLM_COMPILE")
         # settings that cannot work together fail here, at construction, saying what to change
         if ds.evaluate_guards and hook:
             raise ValueError("dynamic_shapes_config.evaluate_guards=True needs VLLM_USE_BYTECODE_HOOK=0: "
@@ -127,10 +135,14 @@ class TorchCompileWithNoGuardsWrapper:
         self.first_compile = True
         self.guard_table: list[GuardRow] = []
         self._compiled_bytecode: CodeType | None = None
-        # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here
-        guard_filter = _keep_shape_env_guards if ds.evaluate_guards else torch.compiler.skip_all_guards_unsafe
-        inductor_config, _ = cc.inductor_config_and_guard_filter()
-        if mode == CompilationMode.VLLM_COMPILE:
+        # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here,
+        # but in STOCK_TORCH_COMPILE, which keeps the guards
+        inductor_config, user_filter = cc.inductor_config_and_guard_filter()
+        guard_filter = user_filter if stock else \
+            _keep_shape_env_guards if ds.evaluate_guards else torch.compiler.skip_all_guards_unsafe
+        if stock:
+            self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)  # recompiles
+        elif mode == CompilationMode.VLLM_COMPILE:
             from minivllm_compile.backends import VllmBackend
 
             # the decorated model's cache-key factors, known at its first call (None for a bare wrapper)
@@ -141,9 +153,9 @@ class TorchCompileWithNoGuardsWrapper:
             # as vLLM does: torch.compile(...) only grows .aot_compile under this flag, which torch
             # 2.11 leaves off (2.13 turns it on by default)
             torch._dynamo.config.enable_aot_compile = True
+        options = {"guard_filter_fn": self._recording(guard_filter)} if guard_filter is not None else None
         self._compiled_callable = torch.compile(
-            self.forward, fullgraph=True, dynamic=False, backend=backend,
-            options={"guard_filter_fn": self._recording(guard_filter)})
+            self.forward, fullgraph=True, dynamic=False, backend=backend, options=options)
         if hook:
             # a weak reference, so a registered hook does not keep every model ever built alive
             ref = weakref.ref(self)
@@ -182,6 +194,8 @@ class TorchCompileWithNoGuardsWrapper:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if envs.VLLM_USE_BYTECODE_HOOK:
+            if self.compilation_config.mode == CompilationMode.STOCK_TORCH_COMPILE:
+                return self._compiled_callable(*args, **kwargs)  # guarded: Dynamo checks every call
             if self._compiled_bytecode is None:
                 # several instances share forward's code object: drop Dynamo's cache entry for it so
                 # this instance gets its own trace, and so its own hook call

@@ -18,7 +18,7 @@ from minivllm_compile import (
     ignore_torch_compile,
     support_torch_compile,
 )
-from minivllm_compile.wrapper import compile_model_with_stock_torch
+from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, compile_model_with_stock_torch
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
 
@@ -452,3 +452,40 @@ def test_the_backend_gets_the_models_cache_key_factors_as_an_argument():
     assert VllmBackend(cc).model_factors() is None
     given = {"model": "m", "constants": "c", "inputs": None, "tag": "backbone"}
     assert VllmBackend(cc, model_factors=lambda: given).model_factors() is given
+
+
+class _ShapeBranch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.size()[0] >= 4 else x * 100
+
+
+class _Wrapped(TorchCompileWithNoGuardsWrapper):
+    """A wrapper of one's own, as vLLM's tests/compile/test_wrapper.py builds it."""
+
+    def __init__(self, model: nn.Module, mode: CompilationMode):
+        self.model, self.compilation_config = model, cfg(mode)
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+@pytest.mark.parametrize("hook", ["1", "0"])
+def test_the_wrapper_keeps_dynamos_guards_under_stock_torch_compile(hook, monkeypatch):
+    """vLLM's test_torch_compile_wrapper: trace-once serves the 3-token call with the 4-token trace
+    (its guards dropped); STOCK_TORCH_COMPILE keeps the guards and recompiles; NONE is refused."""
+    monkeypatch.setenv("VLLM_USE_BYTECODE_HOOK", hook)
+    results = {}
+    for mode in (ONCE, CompilationMode.STOCK_TORCH_COMPILE):
+        torch._dynamo.reset()
+        wrapper = _Wrapped(_ShapeBranch(), mode)
+        x = torch.tensor([1, 2, 3, 4])
+        torch._dynamo.mark_dynamic(x, 0)
+        assert torch.equal(wrapper(x), x * 2)
+        results[mode] = (wrapper(torch.tensor([1, 2, 3])), len(wrapper.captured_graphs))
+    torch._dynamo.reset()
+    assert torch.equal(results[ONCE][0], torch.tensor([2, 4, 6])) and results[ONCE][1] == 1
+    stock_out, stock_graphs = results[CompilationMode.STOCK_TORCH_COMPILE]
+    assert torch.equal(stock_out, torch.tensor([100, 200, 300])) and stock_graphs == 2
+    with pytest.raises(RuntimeError, match="NONE compiles nothing"):
+        _Wrapped(_ShapeBranch(), CompilationMode.NONE)
