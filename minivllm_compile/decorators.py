@@ -21,7 +21,7 @@ from torch import nn
 from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
 from minivllm_compile import aot, cache_keys, caching
-from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
+from minivllm_compile.config import CompilationConfig, CompilationMode, CUDAGraphMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import monitor_torch_compile
 from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
@@ -215,6 +215,11 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             config.mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE)
             or getattr(type(self), IGNORE_COMPILE_KEY, False)
             or (enable_if is not None and not enable_if(config)))
+        # eager with layerwise tracing (and no CUDA graphs): the model is called as a module, so
+        # the forward hooks a profiler registers on it run (as vLLM's since 0.33); otherwise a
+        # decorated model's calls go straight to forward
+        self._call_module_hooks = (config.mode == CompilationMode.NONE and config.enable_layerwise_nvtx_tracing
+                                   and config.cudagraph_mode == CUDAGraphMode.NONE)
         if self.do_not_compile:
             return
         compilation_counter.num_models_seen += 1
@@ -246,6 +251,8 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # is_compiling(): we are being traced by an outer compile; just be traced (§13)
         if self.do_not_compile or torch.compiler.is_compiling():
+            if self._call_module_hooks and not torch.compiler.is_compiling():
+                return nn.Module.__call__(self, *args, **kwargs)
             return self.forward(*args, **kwargs)
         if self.aot_compiled_fn is not None:  # loaded or AOT-compiled: no Dynamo, no hook
             check_inputs(self, args, kwargs)
