@@ -77,22 +77,39 @@ class SplitItem:
 
 
 def _decompose_size_nodes(gm: fx.GraphModule) -> None:
-    """x.size() -> x.size(0), x.size(1), ...: a torch.Size must not cross a piece boundary (a
-    compiled piece takes tensors and SymInts, not Size objects)."""
-    for node in list(gm.graph.nodes):
-        if not (node.op == "call_method" and node.target == "size" and len(node.args) == 1
-                and not node.kwargs and "example_value" in node.meta):
+    """x.size() -> its dims, as vLLM's: a torch.Size must not cross a piece boundary (a compiled
+    piece takes tensors and SymInts, not Size objects). A dynamic dim becomes aten.sym_size.int(x, i),
+    placed right after x (so it crosses into later pieces as a SymInt); a static dim becomes the
+    literal int, so no piece takes a plain int as an input. x.size(i) is a scalar already: left alone."""
+    for node in list(gm.graph.find_nodes(op="call_method", target="size")):
+        if len(node.args) > 1 or "dim" in node.kwargs:
             continue
-        with gm.graph.inserting_after(node):
-            dims = [gm.graph.call_method("size", (node.args[0], i)) for i in range(len(node.meta["example_value"]))]
-        for d, value in zip(dims, node.meta["example_value"]):
-            d.meta["example_value"] = value
+        tensor = node.args[0]
+        value = tensor.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
+            raise RuntimeError(f"cannot split at {node.name} = {tensor.name}.size(): {tensor.name} has no "
+                               "example value (was the graph traced by Dynamo?)")
+        # after the tensor; after the last input when it is one, so that the inputs stay first
+        where = tensor if tensor.op != "placeholder" else list(gm.graph.find_nodes(op="placeholder"))[-1]
+        dims: list[fx.Node | int] = []
+        with gm.graph.inserting_after(where):
+            for i, d in reversed(list(enumerate(value.shape))):  # each inserted right after `where`
+                if isinstance(d, torch.SymInt):
+                    dim = gm.graph.call_function(torch.ops.aten.sym_size.int, (tensor, i))
+                    dim.meta["example_value"] = d
+                    dims.insert(0, dim)
+                else:
+                    dims.insert(0, int(d))
         for user in list(node.users):
-            if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
+            if (user.op == "call_function" and user.target is operator.getitem and user.args[0] is node
+                    and isinstance(user.args[1], int)):
                 user.replace_all_uses_with(dims[user.args[1]])
                 gm.graph.erase_node(user)
-            else:
-                user.args = torch.fx.node.map_arg(user.args, lambda a: tuple(dims) if a is node else a)
+            elif user.args and user.args[-1] is node and node not in (*user.args[:-1], *user.kwargs.values()):
+                user.args = (*user.args[:-1], *dims)  # view(t, size) -> view(t, d0, d1), as vLLM's
+            else:  # the size among other arguments (torch.full(size, v)): a tuple of the dims
+                user.args, user.kwargs = torch.fx.node.map_arg(
+                    (user.args, user.kwargs), lambda a: tuple(dims) if a is node else a)
         gm.graph.erase_node(node)
     gm.recompile()
 
