@@ -119,6 +119,17 @@ def test_counter_expect_checks_deltas():
             pass
 
 
+@pytest.mark.parametrize("ops, phrase", [
+    (["+layernorm"], "Invalid syntax '\\+layernorm' for custom op"),
+    (["all", "none"], "can contain only one base mode"),
+    (["none", "+rms_norm", "-rms_norm"], r"cannot both enable and disable the same operation\(s\)"),
+])
+def test_custom_ops_errors_carry_vllms_phrases(ops, phrase):
+    """Clearer wording here, and vLLM's own phrase too: a search for vLLM's message finds this one."""
+    with pytest.raises(ValueError, match=phrase):
+        CompilationConfig(custom_ops=ops)
+
+
 def test_unbacked_with_evaluate_guards_is_refused():
     with pytest.raises(ValueError, match="unbacked symbols add no shape guards"):
         DynamicShapesConfig(type=DynamicShapesType.UNBACKED, evaluate_guards=True)
