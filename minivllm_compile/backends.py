@@ -398,15 +398,14 @@ class VllmBackend:
         self.post_grad_pass_manager = None
 
     def configure_post_pass(self) -> None:
-        """Post-grad passes run inside Inductor, after functionalization (vLLM sets
-        enable_auto_functionalized_v2=False so FixFunctionalizationPass sees v1 nodes)."""
+        """Post-grad passes run inside Inductor, after functionalization (on v1 nodes:
+        CompilationConfig sets enable_auto_functionalized_v2=False, as vLLM's does)."""
         if self.compilation_config.backend != "inductor":
             return
         from minivllm_compile.passes import make_pass_manager
 
         self.post_grad_pass_manager = manager = make_pass_manager(self.compilation_config)
         self.inductor_config["post_grad_custom_post_pass"] = manager
-        self.inductor_config.setdefault("enable_auto_functionalized_v2", False)
 
     def _pick_cache_dir(self, example_inputs: list) -> Path | None:
         """<root>/<hash of every factor, traced files included>/rank_0_0/<prefix>, as vLLM lays it;

@@ -295,6 +295,9 @@ class CompilationConfig:
                              f"Inductor ({torch.__version__}; the names are in torch/_inductor/config.py, nested ones "
                              f"dotted like 'triton.cudagraphs')"
                              + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
+        # as vLLM's __post_init__: the passes (FixFunctionalization, the fusions) read v1
+        # auto_functionalized nodes, in every mode that reaches Inductor; a user's value wins
+        self.inductor_compile_config.setdefault("enable_auto_functionalized_v2", False)
         self.traced_files = set(self.traced_files)
         self._init_cudagraph()
 

@@ -2,7 +2,8 @@
 (vLLM's passes/pass_manager.py). The backend installs it as
 
     torch._inductor.config.post_grad_custom_post_pass = manager
-    torch._inductor.config.enable_auto_functionalized_v2 = False   # FixFunctionalization reads v1
+
+beside enable_auto_functionalized_v2=False, which CompilationConfig sets (FixFunctionalization reads v1).
 
 Each pass may apply to some compile ranges only (`is_applicable_for_range`): the manager reads
 the range of the compile in progress from the pass context (`get_pass_context()`), which the
