@@ -10,7 +10,8 @@ something else. Its factors, and what each covers:
     compiler        the source of this package's compiler (cache_files.compiler_files: every module
                     but the display-only ones): vLLM puts its release (vllm.__version__) in the
                     key for the same reason
-    passes          the post-grad passes' uuids, a user's pass included (vLLM: PostGradPassManager.uuid)
+    passes          the post-grad passes' uuids, a user's pass included (PostGradPassManager.uuid;
+                    vLLM leaves it out of its folder hash: there it keys Inductor's own cache)
     model           the compiled module's class and every parameter's and buffer's name, shape,
                     dtype and device (weights are graph inputs: their values are not baked in)
     constants       every plain value the module and its submodules hold (an eps, a head count,

@@ -202,8 +202,9 @@ class CompilationConfig:
     debug_dump_path: str | None = None
     # filled while Dynamo traces: every source file the graph came from (invalidates the cache)
     traced_files: set[str] = field(default_factory=set)
-    # CUDA graphs (vLLM's fields). None resolves to NONE on every platform: vLLM's CpuPlatform turns
-    # CUDA graphs off (platforms/cpu.py), and on CUDA its default (FULL_AND_PIECEWISE) would change
+    # CUDA graphs (vLLM's fields). None resolves to NONE on every platform: vLLM turns CUDA graphs
+    # off where the platform has no support_static_graph_mode(), a CPU among them (config/vllm.py),
+    # and on CUDA its default (FULL_AND_PIECEWISE) would change
     # what every existing notebook counts, so here a mode is opt-in. On a CPU an explicit mode runs
     # the static-buffer stand-in (cuda_graph.StaticBufferReplay) to show the same contract.
     cudagraph_mode: CUDAGraphMode | str | None = None
