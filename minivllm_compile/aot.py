@@ -35,9 +35,9 @@ def aot_path(model: torch.nn.Module) -> Path:
 
 
 def _verify_source_unchanged(source_info, compilation_config) -> None:
-    """vLLM's (decorators.py): every module the saved trace inlined must have the source it had then,
-    and its file joins the traced files (the backend's cache dir is keyed on them). The AOT key is
-    computed before Dynamo runs, so it cannot cover these files; this check does instead."""
+    """vLLM's (decorators.py): every module the saved trace inlined must have the source it had
+    then, and its file joins the traced files (the backend's cache dir is keyed on them). The AOT
+    key is computed before Dynamo runs, so it cannot cover these files; this check does instead."""
     changed = set()
     for src in source_info.inlined_sources:  # content: the whole module's source
         module = sys.modules.get(src.module)
@@ -50,7 +50,8 @@ def _verify_source_unchanged(source_info, compilation_config) -> None:
         elif getattr(module, "__file__", None):
             compilation_config.traced_files.add(module.__file__)
     if changed:
-        raise RuntimeError(f"traced source changed since it was saved: {', '.join(sorted(changed)[:3])}")
+        names = ", ".join(sorted(changed)[:3])
+        raise RuntimeError(f"traced source changed since it was saved: {names}")
 
 
 def _try_load_aot_compiled_fn(model):

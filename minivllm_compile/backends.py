@@ -25,8 +25,9 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.passes.split_module import split_module
 
 from minivllm_compile import cache_files, cache_keys, caching, envs
-from minivllm_compile.compiler_interface import (CompiledEntry, CompilerInterface, EagerAdaptor, InductorAdaptor,
-                                                 InductorStandaloneAdaptor, returns_single_value, timed_compile)
+from minivllm_compile.compiler_interface import (CompiledEntry, CompilerInterface, EagerAdaptor,
+                                                 InductorAdaptor, InductorStandaloneAdaptor,
+                                                 returns_single_value, timed_compile)
 from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.cuda_graph import wrap_with_cudagraph_if_needed
@@ -78,19 +79,21 @@ class SplitItem:
 
 def _decompose_size_nodes(gm: fx.GraphModule) -> None:
     """x.size() -> its dims, as vLLM's: a torch.Size must not cross a piece boundary (a compiled
-    piece takes tensors and SymInts, not Size objects). A dynamic dim becomes aten.sym_size.int(x, i),
-    placed right after x (so it crosses into later pieces as a SymInt); a static dim becomes the
-    literal int, so no piece takes a plain int as an input. x.size(i) is a scalar already: left alone."""
+    piece takes tensors and SymInts, not Size objects). A dynamic dim becomes
+    aten.sym_size.int(x, i), placed right after x (so it crosses into later pieces as a SymInt); a
+    static dim becomes the literal int, so no piece takes a plain int as an input. x.size(i) is a
+    scalar already: left alone."""
     for node in list(gm.graph.find_nodes(op="call_method", target="size")):
         if len(node.args) > 1 or "dim" in node.kwargs:
             continue
         tensor = node.args[0]
         value = tensor.meta.get("example_value")
         if not isinstance(value, torch.Tensor):
-            raise RuntimeError(f"cannot split at {node.name} = {tensor.name}.size(): {tensor.name} has no "
-                               "example value (was the graph traced by Dynamo?)")
+            raise RuntimeError(f"cannot split at {node.name} = {tensor.name}.size(): {tensor.name} "
+                               "has no example value (was the graph traced by Dynamo?)")
         # after the tensor; after the last input when it is one, so that the inputs stay first
-        where = tensor if tensor.op != "placeholder" else list(gm.graph.find_nodes(op="placeholder"))[-1]
+        inputs = list(gm.graph.find_nodes(op="placeholder"))
+        where = tensor if tensor.op != "placeholder" else inputs[-1]
         dims: list[fx.Node | int] = []
         with gm.graph.inserting_after(where):
             for i, d in reversed(list(enumerate(value.shape))):  # each inserted right after `where`
@@ -101,11 +104,12 @@ def _decompose_size_nodes(gm: fx.GraphModule) -> None:
                 else:
                     dims.insert(0, int(d))
         for user in list(node.users):
-            if (user.op == "call_function" and user.target is operator.getitem and user.args[0] is node
-                    and isinstance(user.args[1], int)):
+            if (user.op == "call_function" and user.target is operator.getitem
+                    and user.args[0] is node and isinstance(user.args[1], int)):
                 user.replace_all_uses_with(dims[user.args[1]])
                 gm.graph.erase_node(user)
-            elif user.args and user.args[-1] is node and node not in (*user.args[:-1], *user.kwargs.values()):
+            elif (user.args and user.args[-1] is node
+                  and node not in (*user.args[:-1], *user.kwargs.values())):
                 user.args = (*user.args[:-1], *dims)  # view(t, size) -> view(t, d0, d1), as vLLM's
             else:  # the size among other arguments (torch.full(size, v)): a tuple of the dims
                 user.args, user.kwargs = torch.fx.node.map_arg(
@@ -165,7 +169,8 @@ def graph_key(gm: fx.GraphModule) -> str:
     return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
 
 
-def make_compiler(compilation_config: CompilationConfig, *, use_aot_compile: bool) -> CompilerInterface:
+def make_compiler(compilation_config: CompilationConfig, *,
+                  use_aot_compile: bool) -> CompilerInterface:
     """The adaptor a piece goes to (vLLM's): eager, standalone_compile, or compile_fx."""
     if compilation_config.backend == "eager":
         return EagerAdaptor()
@@ -249,7 +254,8 @@ class CompilerManager:
         data = {((r.start, r.end), i, name): v for (r, i, name), v in self.cache.items()}
         try:
             with cache_files.locked(self.cache_dir):
-                cache_files.atomic_write(self.cache_file_path, pprint.pformat(data, indent=4) + "\n")
+                cache_files.atomic_write(self.cache_file_path,
+                                         pprint.pformat(data, indent=4) + "\n")
         except OSError as e:
             logger.warning("cannot write the compile cache index %s (%s); continuing in memory",
                            self.cache_file_path, e)
@@ -278,7 +284,8 @@ class CompilerManager:
             return None
         logger.debug("loaded graph %d for %s from %s", graph_index, compile_range, path)
         return CompiledEntry(runnable, compile_range, graph_index, time.perf_counter() - t0,
-                             artifact_path=str(cache_files.resolve_path(path)), handle=(key, path), loaded=True)
+                             artifact_path=str(cache_files.resolve_path(path)), handle=(key, path),
+                             loaded=True)
 
     def compile(self, graph: fx.GraphModule, example_inputs: list, compile_range: Range,
                 graph_index: int) -> CompiledEntry:
@@ -379,7 +386,8 @@ def set_model_tag(tag: str) -> Iterator[None]:
 
 
 class VllmBackend:
-    def __init__(self, compilation_config: CompilationConfig, prefix: str = "", from_saved_graph: bool = False,
+    def __init__(self, compilation_config: CompilationConfig, prefix: str = "",
+                 from_saved_graph: bool = False,
                  model_factors: Callable[[], dict | None] | None = None):
         self.compilation_config = compilation_config
         self.prefix = prefix or model_tag
@@ -419,7 +427,8 @@ class VllmBackend:
             return None
         local = Path(cc.cache_dir or cache_files.cache_root()) / key / "rank_0_0" / self.prefix
         try:
-            cache_files.atomic_write(local / "cache_key_factors.json", json.dumps(self.cache_key_factors, indent=1))
+            cache_files.atomic_write(local / "cache_key_factors.json",
+                                     json.dumps(self.cache_key_factors, indent=1))
         except OSError as e:
             if (local / "cache_key_factors.json").is_file():  # a read-only (shared) cache: load from it
                 logger.warning("cannot write to the compile cache %s (%s); reading from it only", local, e)

@@ -38,13 +38,14 @@ def sha(text: str, n: int = 10) -> str:
 # measuring tools. An edit there keeps every user's compile cache; an edit anywhere else is a new
 # compiler and compiles afresh. A display-only helper belongs in one of these, never in a module of
 # the compiler.
-NOT_COMPILER = frozenset({"viz", "exercises", "models", "bench.py", "bench_cudagraph.py", "bench_plots.py",
-                          "startup.py", "tour.py"})
+NOT_COMPILER = frozenset({"viz", "exercises", "models", "bench.py", "bench_cudagraph.py",
+                          "bench_plots.py", "startup.py", "tour.py"})
 
 
 def compiler_files(package: Path) -> list[Path]:
-    """The package's modules that make up the compiler: every .py file but those under NOT_COMPILER."""
-    return [p for p in sorted(package.rglob("*.py")) if p.relative_to(package).parts[0] not in NOT_COMPILER]
+    """The package's modules that make up the compiler: every .py file but NOT_COMPILER's."""
+    return [p for p in sorted(package.rglob("*.py"))
+            if p.relative_to(package).parts[0] not in NOT_COMPILER]
 
 
 def source_hash(files: list[Path], root: Path) -> str:

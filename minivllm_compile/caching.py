@@ -94,10 +94,11 @@ class VllmSerializableFunction(SerializableCallable):
     """
 
     def __init__(self, split_gm: fx.GraphModule, compilation_config: CompilationConfig,
-                 pieces: list[dict], cache_dir: str | None, save_format: str, example_inputs: Sequence = ()):
+                 pieces: list[dict], cache_dir: str | None, save_format: str,
+                 example_inputs: Sequence = ()):
         self.split_gm = split_gm
-        # as vLLM's: the ShapeEnv of the trace (its symbols, their ranges and guards), from the first
-        # SymInt input; None for a mega load, which rebuilds the pieces without tracing
+        # as vLLM's: the ShapeEnv of the trace (its symbols, their ranges and guards), from the
+        # first SymInt input; None for a mega load, which rebuilds the pieces without tracing
         sym_input = next((i for i in example_inputs if isinstance(i, torch.SymInt)), None)
         self.shape_env = sym_input.node.shape_env if sym_input is not None else None
         self.compilation_config = compilation_config
@@ -147,8 +148,9 @@ class VllmSerializableFunction(SerializableCallable):
         gm = GraphPickler.loads(state["graph"], fake_mode)
         gm.recompile()
         if not state["mega"]:
-            # the traced files are not known yet (aot._verify_source_unchanged adds them after this, and the
-            # backend's cache dir is keyed on them): the backend runs in finalize_loading
+            # the traced files are not known yet (aot._verify_source_unchanged adds them after
+            # this, and the backend's cache dir is keyed on them): the backend runs in
+            # finalize_loading
             fn = cls.__new__(cls)
             fn.split_gm, fn.compilation_config, fn.pieces, fn.cache_dir = None, None, [], None
             fn.save_format, fn.vllm_backend, fn.shape_env = state["save_format"], None, None
@@ -180,7 +182,8 @@ class VllmSerializableFunction(SerializableCallable):
             built = backend(gm, example_inputs)
         self._pending = None
         self.split_gm, self.compilation_config, self.pieces = built.split_gm, compilation_config, built.pieces
-        self.cache_dir, self.vllm_backend, self.shape_env = built.cache_dir, backend, built.shape_env
+        self.cache_dir, self.vllm_backend = built.cache_dir, backend
+        self.shape_env = built.shape_env
 
 
 def _pickle_graph(gm: fx.GraphModule, keep_inputs: bool) -> bytes:

@@ -389,17 +389,18 @@ class CompilationConfig:
         bad = [c for c in ops if not isinstance(c, str) or (c not in ("all", "none")
                                                            and not (c[:1] in "+-" and c[1:] in CUSTOM_OPS))]
         if bad:  # each message carries vLLM's wording too, so a search for vLLM's finds it
-            raise ValueError(f"Invalid syntax {bad[0]!r} for custom op: CompilationConfig.custom_ops {bad}: use "
-                             f"'all', 'none', '+name' or '-name' with a name from {list(CUSTOM_OPS)}")
+            raise ValueError(f"Invalid syntax {bad[0]!r} for custom op: "
+                             f"CompilationConfig.custom_ops {bad}: use 'all', 'none', '+name' or '-name' with a name from "
+                             f"{list(CUSTOM_OPS)}")
         base = [c for c in ops if c in ("all", "none")]
         if len(base) > 1:
-            raise ValueError(f"CompilationConfig.custom_ops={ops}: custom_ops can contain only one base "
-                             f"mode: give one base mode at most, 'all' or 'none' (got {base})")
+            raise ValueError(f"CompilationConfig.custom_ops={ops}: custom_ops can contain only one "
+                             f"base mode: give one base mode at most, 'all' or 'none' (got {base})")
         both = sorted({c[1:] for c in ops if c[0] == "+"} & {c[1:] for c in ops if c[0] == "-"})
         if both:
             raise ValueError(f"CompilationConfig.custom_ops={ops} both enables and disables {both} "
-                             "(custom_ops cannot both enable and disable the same operation(s)): keep "
-                             "either the '+' or the '-' entry")
+                             "(custom_ops cannot both enable and disable the same operation(s)): "
+                             "keep either the '+' or the '-' entry")
 
     @staticmethod
     def _sizes(name: str, sizes, upto: int | None) -> list[int]:

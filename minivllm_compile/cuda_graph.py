@@ -114,8 +114,9 @@ class CUDAGraphWrapper:
         try:
             validate_cudagraph_capturing_enabled()
         except RuntimeError as e:
-            raise RuntimeError(f"CUDAGraphWrapper({self.runtime_mode.name}) has no graph for {desc}. {e}. "
-                               "The dispatcher gave a descriptor that was never captured") from None
+            raise RuntimeError(f"CUDAGraphWrapper({self.runtime_mode.name}) has no graph for "
+                               f"{desc}. {e}. The dispatcher gave a descriptor that was never "
+                               "captured") from None
         if self.compilation_config.cudagraph_copy_inputs:
             args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
         entry = CUDAGraphEntry(desc, static_args=args)

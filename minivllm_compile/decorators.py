@@ -21,7 +21,8 @@ from torch import nn
 from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
 from minivllm_compile import aot, cache_keys, caching
-from minivllm_compile.config import CompilationConfig, CompilationMode, CUDAGraphMode, DynamicShapesType
+from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
+                                     DynamicShapesType)
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import monitor_torch_compile
 from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
@@ -218,7 +219,8 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         # eager with layerwise tracing (and no CUDA graphs): the model is called as a module, so
         # the forward hooks a profiler registers on it run (as vLLM's since 0.33); otherwise a
         # decorated model's calls go straight to forward
-        self._call_module_hooks = (config.mode == CompilationMode.NONE and config.enable_layerwise_nvtx_tracing
+        self._call_module_hooks = (config.mode == CompilationMode.NONE
+                                   and config.enable_layerwise_nvtx_tracing
                                    and config.cudagraph_mode == CUDAGraphMode.NONE)
         if self.do_not_compile:
             return

@@ -31,7 +31,8 @@ def monitor_torch_compile(compilation_config: CompilationConfig,
     torch_compile_start_time = time.perf_counter()
     yield
     if compilation_config.mode == CompilationMode.VLLM_COMPILE:
-        logger.info(message, f"[{tag}] " if tag else "", time.perf_counter() - torch_compile_start_time)
+        elapsed = time.perf_counter() - torch_compile_start_time
+        logger.info(message, f"[{tag}] " if tag else "", elapsed)
 
 
 def dynamo_transform_time() -> float:
@@ -53,8 +54,8 @@ cudagraph_capturing_enabled: bool = False
 
 def validate_cudagraph_capturing_enabled() -> None:
     if not cudagraph_capturing_enabled:
-        raise RuntimeError("CUDA graph capturing detected at an inappropriate time: capture is only "
-                           "allowed at start-up (LM.capture_model turns it on with "
+        raise RuntimeError("CUDA graph capturing detected at an inappropriate time: capture is "
+                           "only allowed at start-up (LM.capture_model turns it on with "
                            "set_cudagraph_capturing_enabled(True), and off after)")
 
 

@@ -29,7 +29,8 @@ import torch
 import torch._C._dynamo.guards
 
 from minivllm_compile import envs
-from minivllm_compile.config import CompilationConfig, CompilationMode, CUDAGraphMode, DynamicShapesType
+from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
+                                     DynamicShapesType)
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import dynamo_transform_time
 
@@ -92,7 +93,8 @@ class WholeGraphBackend:
         return compile_fx(gm, example_inputs, config_patches=self.inductor_config)
 
 
-def compile_model_with_stock_torch(module: torch.nn.Module, compilation_config: CompilationConfig) -> Callable:
+def compile_model_with_stock_torch(module: torch.nn.Module,
+                                   compilation_config: CompilationConfig) -> Callable:
     """STOCK_TORCH_COMPILE, done by the caller as vLLM's model runner does: plain torch.compile of
     the whole forward, guards kept (a user's guard_filter_fn too), recompiling on new shapes.
     Returns the compiled forward for the caller to call (vLLM compiles the model in place with
@@ -123,8 +125,9 @@ class TorchCompileWithNoGuardsWrapper:
         stock = mode == CompilationMode.STOCK_TORCH_COMPILE
         hook = envs.VLLM_USE_BYTECODE_HOOK and not stock
         if mode == CompilationMode.NONE:
-            raise RuntimeError("CompilationMode.NONE compiles nothing: TorchCompileWithNoGuardsWrapper needs "
-                               "STOCK_TORCH_COMPILE, DYNAMO_TRACE_ONCE or VLLM_COMPILE")
+            raise RuntimeError("CompilationMode.NONE compiles nothing: "
+                               "TorchCompileWithNoGuardsWrapper needs STOCK_TORCH_COMPILE, "
+                               "DYNAMO_TRACE_ONCE or VLLM_COMPILE")
         # settings that cannot work together fail here, at construction, saying what to change
         if ds.evaluate_guards and hook:
             raise ValueError("dynamic_shapes_config.evaluate_guards=True needs VLLM_USE_BYTECODE_HOOK=0: "
@@ -145,7 +148,7 @@ class TorchCompileWithNoGuardsWrapper:
         elif mode == CompilationMode.VLLM_COMPILE:
             from minivllm_compile.backends import VllmBackend
 
-            # the decorated model's cache-key factors, known at its first call (None for a bare wrapper)
+            # the decorated model's cache-key factors, known at its first call (None: a bare one)
             self.backend = backend = VllmBackend(cc, model_factors=lambda: self.model_factors)
         else:
             self.backend = backend = WholeGraphBackend(cc.backend, inductor_config, trace_once=True)
@@ -153,7 +156,8 @@ class TorchCompileWithNoGuardsWrapper:
             # as vLLM does: torch.compile(...) only grows .aot_compile under this flag, which torch
             # 2.11 leaves off (2.13 turns it on by default)
             torch._dynamo.config.enable_aot_compile = True
-        options = {"guard_filter_fn": self._recording(guard_filter)} if guard_filter is not None else None
+        options = None if guard_filter is None else \
+            {"guard_filter_fn": self._recording(guard_filter)}
         self._compiled_callable = torch.compile(
             self.forward, fullgraph=True, dynamic=False, backend=backend, options=options)
         if hook:

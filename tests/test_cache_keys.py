@@ -321,7 +321,8 @@ def test_the_key_covers_every_factor():
     assert cache_keys.aot_cache_key(eps.model, CompilationConfig())[0] != base[0]
     assert cache_keys.model_constants(eps.model)["norm.eps"] == repr(0.1)
     inputs = {"input_ids": {"dtype": "torch.int32"}}
-    with_inputs = cache_keys.aot_cache_key(lm.model, CompilationConfig(), cache_keys.model_factors(lm.model, inputs))
+    factors = cache_keys.model_factors(lm.model, inputs)
+    with_inputs = cache_keys.aot_cache_key(lm.model, CompilationConfig(), factors)
     assert with_inputs[0] != base[0]
     from minivllm_compile.backends import VllmBackend, set_model_tag
 
@@ -337,7 +338,8 @@ def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_pa
     or a measuring tool keeps every user's cache; editing a backend or a pass does not. The
     display-only helpers live on the display side of that boundary."""
     from minivllm_compile import cache_files
-    from minivllm_compile.viz import count_dynamo_entries, describe_cache, triton_source_codegen_only
+    from minivllm_compile.viz import (count_dynamo_entries, describe_cache,
+                                      triton_source_codegen_only)
 
     package = Path(cache_files.__file__).resolve().parent
     for helper in (count_dynamo_entries, describe_cache, triton_source_codegen_only):
@@ -358,8 +360,9 @@ def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_pa
             path.write_text(saved)
 
     base = cache_files.source_hash(cache_files.compiler_files(copy), copy)
-    for display_only in ("viz/cache.py", "viz/kernels.py", "viz/dynamo_entries.py", "exercises/nb04.py",
-                         "models/lm.py", "bench.py", "startup.py", "tour.py"):
+    for display_only in ("viz/cache.py", "viz/kernels.py", "viz/dynamo_entries.py",
+                         "exercises/nb04.py", "models/lm.py", "bench.py", "startup.py", "tour.py"):
         assert hash_after(display_only) == base, display_only
-    for compiler in ("backends.py", "caching.py", "cache_keys.py", "monitor.py", "passes/pass_manager.py"):
+    for compiler in ("backends.py", "caching.py", "cache_keys.py", "monitor.py",
+                     "passes/pass_manager.py"):
         assert hash_after(compiler) != base, compiler

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, cache_keys, compilation_counter, cpu_isa
+from minivllm_compile import (CompilationConfig, CompilationMode, cache_keys, compilation_counter,
+                              cpu_isa)
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.cache import describe_cache
 
@@ -349,10 +350,12 @@ def test_the_aot_artifact_is_saved_before_the_first_run(tmp_path, monkeypatch):
         def __getattr__(self, name):
             return getattr(self.fn, name)
 
-    real_compile, real_save = TorchCompileWithNoGuardsWrapper.aot_compile, aot.save_aot_compiled_function
+    real_compile = TorchCompileWithNoGuardsWrapper.aot_compile
+    real_save = aot.save_aot_compiled_function
     monkeypatch.setattr(TorchCompileWithNoGuardsWrapper, "aot_compile",
                         lambda self, *a, **k: FailingFirstRun(real_compile(self, *a, **k)))
-    monkeypatch.setattr(aot, "save_aot_compiled_function", lambda model: (events.append("save"), real_save(model)))
+    monkeypatch.setattr(aot, "save_aot_compiled_function",
+                        lambda model: (events.append("save"), real_save(model)))
     lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
     with pytest.raises(RuntimeError, match="warm-up run failed"):
         lm(torch.arange(5), torch.arange(5))
@@ -397,7 +400,8 @@ def test_which_config_fields_change_the_key():
     assert key(mode=CompilationMode.DYNAMO_TRACE_ONCE) != base
     assert key(splitting_ops=["minivllm::short_conv"]) != base
     other = build_model("llama", num_layers=1, hidden_size=64, intermediate_size=96)
-    assert cache_keys.aot_cache_key(other.model, CompilationConfig())[0] != base  # other weights' shapes
+    # other weights' shapes
+    assert cache_keys.aot_cache_key(other.model, CompilationConfig())[0] != base
     # the same model on another device: other kernels (vLLM hashes its DeviceConfig)
     assert cache_keys.aot_cache_key(lm.model.to("meta"), CompilationConfig())[0] != base
     cc = CompilationConfig()

@@ -125,7 +125,7 @@ def test_counter_expect_checks_deltas():
     (["none", "+rms_norm", "-rms_norm"], r"cannot both enable and disable the same operation\(s\)"),
 ])
 def test_custom_ops_errors_carry_vllms_phrases(ops, phrase):
-    """Clearer wording here, and vLLM's own phrase too: a search for vLLM's message finds this one."""
+    """Clearer wording here, and vLLM's own phrase too: a search for vLLM's message finds it."""
     with pytest.raises(ValueError, match=phrase):
         CompilationConfig(custom_ops=ops)
 
@@ -218,13 +218,14 @@ def test_a_range_gated_pass_adds_its_endpoint():
 
 
 def test_v1_auto_functionalization_is_set_by_the_config_in_every_mode():
-    """As vLLM's CompilationConfig.__post_init__ sets enable_auto_functionalized_v2=False (the passes
-    read v1 nodes): so DYNAMO_TRACE_ONCE's whole-graph Inductor compile gets it too, not only the
+    """As vLLM's CompilationConfig.__post_init__ sets enable_auto_functionalized_v2=False (the
+    passes read v1 nodes): so DYNAMO_TRACE_ONCE's whole-graph Inductor compile gets it too, not only the
     backend's; a value the user gives wins."""
     from minivllm_compile.models import build_model
 
     for mode in CompilationMode:
-        assert CompilationConfig(mode=mode).inductor_compile_config["enable_auto_functionalized_v2"] is False
+        config = CompilationConfig(mode=mode).inductor_compile_config
+        assert config["enable_auto_functionalized_v2"] is False
     once = build_model("llama", num_layers=1, compilation_config=CompilationConfig(
         mode=CompilationMode.DYNAMO_TRACE_ONCE, max_num_batched_tokens=16))
     assert once.model.backend.inductor_config["enable_auto_functionalized_v2"] is False

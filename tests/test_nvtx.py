@@ -80,12 +80,14 @@ def test_eager_layerwise_tracing_invokes_the_decorated_models_hooks():
     def calls(**kw) -> int:
         model = Probe(compilation_config=CompilationConfig(**kw)).eval()
         seen = []
-        model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(args), with_kwargs=True)
+        model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(args),
+                                        with_kwargs=True)
         assert torch.equal(model(torch.tensor([1.0])), torch.tensor([2.0]))
         return len(seen)
 
     assert calls(mode=CompilationMode.NONE, enable_layerwise_nvtx_tracing=True) == 1
     assert calls(mode=CompilationMode.NONE) == 0
     assert calls(mode=CompilationMode.STOCK_TORCH_COMPILE, enable_layerwise_nvtx_tracing=True) == 0
-    assert calls(mode=CompilationMode.NONE, enable_layerwise_nvtx_tracing=True, cudagraph_mode=CUDAGraphMode.FULL,
-                 cudagraph_capture_sizes=[1], max_num_batched_tokens=8) == 0
+    assert calls(mode=CompilationMode.NONE, enable_layerwise_nvtx_tracing=True,
+                 cudagraph_mode=CUDAGraphMode.FULL, cudagraph_capture_sizes=[1],
+                 max_num_batched_tokens=8) == 0

@@ -405,9 +405,10 @@ def test_the_backend_compiles_each_entry_inside_its_pass_context():
 
     with pytest.raises(RuntimeError, match="pass_context"):
         get_pass_context()
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[4], compile_ranges_endpoints=[],
-                           max_num_batched_tokens=16, inductor_compile_config={
-                               "post_grad_custom_post_pass": RecordRange(), "fx_graph_cache": False})
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[4],
+                           compile_ranges_endpoints=[], max_num_batched_tokens=16,
+                           inductor_compile_config={"post_grad_custom_post_pass": RecordRange(),
+                                                    "fx_graph_cache": False})
     x = torch.randn(8, 4)
     torch._dynamo.mark_dynamic(x, 0)
     torch._dynamo.reset()
@@ -452,4 +453,5 @@ def test_add_takes_an_inductor_pass_only_and_the_config_wraps_a_function():
         wrapped = make_pass_manager(cc).passes[-1]
         assert isinstance(wrapped, CallableInductorPass) and wrapped.uuid() == uuid
     with pytest.raises(TypeError, match="post_grad_custom_post_pass"):
-        make_pass_manager(CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": 42}))
+        make_pass_manager(CompilationConfig(
+            inductor_compile_config={"post_grad_custom_post_pass": 42}))

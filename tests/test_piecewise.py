@@ -237,8 +237,8 @@ def _sigmoid_sandwich(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_size_read_before_a_split_crosses_it_as_a_symint_only():
-    """As vLLM's _decompose_size_nodes: x.size() on a mark_dynamic input becomes sym_size.int for the
-    dynamic dim and a literal for the static one, so no piece takes a torch.Size or a plain int, and
+    """As vLLM's _decompose_size_nodes: x.size() on a mark_dynamic input becomes sym_size.int for
+    the dynamic dim and a literal for the static one, so no piece takes a torch.Size or a plain int, and
     the split graph runs at every size; through the backend and Inductor too."""
     from minivllm_compile.backends import VllmBackend
 
@@ -246,18 +246,21 @@ def test_a_size_read_before_a_split_crosses_it_as_a_symint_only():
     x = torch.randn(4, 8)
     torch._dynamo.mark_dynamic(x, 0)
     torch._dynamo.reset()
-    torch.compile(_sigmoid_sandwich, backend=lambda gm, ex: graphs.append(gm) or gm, fullgraph=True)(x)
+    capture = lambda gm, ex: graphs.append(gm) or gm  # noqa: E731
+    torch.compile(_sigmoid_sandwich, backend=capture, fullgraph=True)(x)
     split_gm, items = split_graph(graphs[0], ["aten::sigmoid"])
     assert sum(it.is_splitting_graph for it in items) == 3 and len(items) >= 6
     for it in items:
         inputs = [n.meta["example_value"] for n in it.graph.graph.find_nodes(op="placeholder")]
-        assert all(isinstance(v, (torch.Tensor, torch.SymInt)) for v in inputs), (it.submod_name, inputs)
-    assert any(n.target is torch.ops.aten.sym_size.int for it in items for n in it.graph.graph.nodes)
+        assert all(isinstance(v, (torch.Tensor, torch.SymInt)) for v in inputs), it.submod_name
+    nodes = [n for it in items for n in it.graph.graph.nodes]
+    assert any(n.target is torch.ops.aten.sym_size.int for n in nodes)
     for n in (4, 9):
         y = torch.randn(n, 8)
         torch.testing.assert_close(split_gm(n, y)[0], _sigmoid_sandwich(y))
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=["aten::sigmoid"], compile_sizes=[],
-                           max_num_batched_tokens=16, inductor_compile_config={"fx_graph_cache": False})
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=["aten::sigmoid"],
+                           compile_sizes=[], max_num_batched_tokens=16,
+                           inductor_compile_config={"fx_graph_cache": False})
     compiled = torch.compile(_sigmoid_sandwich, backend=VllmBackend(cc), fullgraph=True)
     for n in (4, 9):
         y = torch.randn(n, 8)

@@ -169,7 +169,8 @@ def test_user_guard_filter_fn_is_overwritten_outside_stock():
     m(torch.randn(8, 8))
     assert calls == [] and not any(r.kept for r in m.guard_table)
     stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE, inductor_compile_config={"guard_filter_fn": mine})
-    compile_model_with_stock_torch(Branchy(compilation_config=stock_cfg), stock_cfg)(torch.randn(8, 8))
+    stock = compile_model_with_stock_torch(Branchy(compilation_config=stock_cfg), stock_cfg)
+    stock(torch.randn(8, 8))
     assert len(calls) == 1 and calls[0] > 0
 
 
@@ -418,7 +419,8 @@ print("eager", tuple(out.shape))
 
 def test_the_first_compile_runs_under_one_named_set_of_patches():
     """decorators.compile_patches (seed §11): inside it every file Dynamo inlines is recorded and
-    the C++ shape guards are off (with 32-bit indexing when asked for); after it, torch is as it was.
+    the C++ shape guards are off (with 32-bit indexing when asked for); after it, torch is as it
+    was.
     input_spec only describes the call: the decorator keeps the checks it derives."""
     from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
@@ -435,7 +437,8 @@ def test_the_first_compile_runs_under_one_named_set_of_patches():
     assert torch._inductor.config.assume_32bit_indexing is False
     assert Branchy.forward.__code__.co_filename in model.compilation_config.traced_files
     spec = input_spec(model, (torch.ones(6, 8),), {}, {"x": 0}, None)
-    assert spec == {"x": {"dtype": "torch.float32", "device": "cpu", "shape": [None, 8], "contiguous": True}}
+    assert spec == {"x": {"dtype": "torch.float32", "device": "cpu", "shape": [None, 8],
+                          "contiguous": True}}
     assert not hasattr(model, "_input_checks")  # no side effect: the decorator's first call sets it
 
 

@@ -158,10 +158,12 @@ class LM:
             with torch.inference_mode():
                 for mode, descs in self.cudagraph_dispatcher.get_capture_descs():
                     for desc in descs:
-                        ids, pos = self._input_ids[:desc.num_tokens], self._positions[:desc.num_tokens]
+                        n = desc.num_tokens
+                        ids, pos = self._input_ids[:n], self._positions[:n]
                         ids.zero_(), pos.zero_()
                         for m in (CUDAGraphMode.NONE, mode):
-                            with set_forward_context(None, self.model.static_forward_context, m, desc):
+                            ctx = self.model.static_forward_context
+                            with set_forward_context(None, ctx, m, desc):
                                 self._run_model(ids, pos)
         finally:
             set_cudagraph_capturing_enabled(False)

@@ -26,7 +26,8 @@ from minivllm_compile.passes.vllm_inductor_pass import (
 
 __all__ = [
     "ActivationQuantFusionPass", "CallableInductorPass", "FixFunctionalizationPass", "InductorPass",
-    "NoOpEliminationPass", "PassContext", "PostGradPassManager", "QKNormRoPEFusionPass", "RMSNormQuantFusionPass", "Records", "VllmInductorPass", "VllmPatternMatcherPass",
+    "NoOpEliminationPass", "PassContext", "PostGradPassManager", "QKNormRoPEFusionPass",
+    "RMSNormQuantFusionPass", "Records", "VllmInductorPass", "VllmPatternMatcherPass",
     "get_pass_context", "graph_text", "is_func", "make_pass_manager", "pass_context",
 ]
 

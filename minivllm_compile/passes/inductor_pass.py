@@ -40,7 +40,8 @@ def get_pass_context() -> PassContext:
     """The context of the compile in progress (vLLM's)."""
     if _pass_context is None:
         raise RuntimeError("no pass context: a pass learns its compile range only inside "
-                           "pass_context(compile_range), which CompilerManager.compile_context enters")
+                           "pass_context(compile_range), which CompilerManager.compile_context "
+                           "enters")
     return _pass_context
 
 

@@ -3,7 +3,8 @@
 
     torch._inductor.config.post_grad_custom_post_pass = manager
 
-beside enable_auto_functionalized_v2=False, which CompilationConfig sets (FixFunctionalization reads v1).
+beside enable_auto_functionalized_v2=False, which CompilationConfig sets (FixFunctionalization
+reads v1).
 
 Each pass may apply to some compile ranges only (`is_applicable_for_range`): the manager reads
 the range of the compile in progress from the pass context (`get_pass_context()`), which the
@@ -28,8 +29,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from minivllm_compile.cache_files import compiler_source_hash
 from minivllm_compile.config import CompilationConfig, PassConfig, Range
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
-from minivllm_compile.passes.inductor_pass import (CallableInductorPass, InductorPass, get_pass_context, graph_text,
-                                                   in_pass_context)
+from minivllm_compile.passes.inductor_pass import (CallableInductorPass, InductorPass,
+                                                   get_pass_context, graph_text, in_pass_context)
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
 from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
 
@@ -69,9 +70,10 @@ class PostGradPassManager(CustomGraphPass):
     def add(self, pass_: InductorPass) -> None:
         """A user pass, run after the default ones and before FixFunctionalization. Only an
         InductorPass, as in vLLM (which asserts it): its uuid keys Inductor's cache, so a plain
-        function must say what it is, CallableInductorPass(fn) (its uuid: the hash of its source)."""
+        function must say what it is, CallableInductorPass(fn) (its uuid: its source's hash)."""
         if not isinstance(pass_, InductorPass):
-            hint = "wrap it: CallableInductorPass(fn)" if callable(pass_) else "give an InductorPass"
+            hint = "wrap it: CallableInductorPass(fn)" if callable(pass_) \
+                else "give an InductorPass"
             raise TypeError(f"PostGradPassManager.add takes an InductorPass, got {pass_!r}: {hint}")
         self.passes.append(pass_)
 
@@ -131,10 +133,10 @@ def make_pass_manager(cc: CompilationConfig) -> PostGradPassManager:
 def as_inductor_pass(pass_: Any) -> InductorPass:
     """A user's `post_grad_custom_post_pass` as an InductorPass: a function of a graph (or another
     CustomGraphPass) is wrapped in CallableInductorPass here. vLLM wraps the entries of
-    CompilationConfig.inductor_passes so, and asserts that this key already holds an InductorPass."""
+    CompilationConfig.inductor_passes so, and asserts that this key holds an InductorPass."""
     if isinstance(pass_, InductorPass):
         return pass_
     if not callable(pass_):
-        raise TypeError(f"inductor_compile_config['post_grad_custom_post_pass'] is {pass_!r}: give an "
-                        "InductorPass or a function of a torch.fx.Graph")
+        raise TypeError(f"inductor_compile_config['post_grad_custom_post_pass'] is {pass_!r}: "
+                        "give an InductorPass or a function of a torch.fx.Graph")
     return CallableInductorPass(pass_, pass_.uuid() if isinstance(pass_, CustomGraphPass) else None)

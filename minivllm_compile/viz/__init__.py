@@ -17,7 +17,12 @@ from minivllm_compile.viz.graphs import (
     table_text,
     to_dot,
 )
-from minivllm_compile.viz.kernels import calls_in, kernel_signatures, kernel_sources, triton_source_codegen_only
+from minivllm_compile.viz.kernels import (
+    calls_in,
+    kernel_signatures,
+    kernel_sources,
+    triton_source_codegen_only,
+)
 from minivllm_compile.viz.pipeline import Stage, draw_pipeline, pipeline_facts
 from minivllm_compile.viz.plots import (
     draw_conv_states,
@@ -33,7 +38,8 @@ from minivllm_compile.viz.plots import (
 )
 
 __all__ = [
-    "Diff", "Stage", "calls_in", "count_dynamo_entries", "describe", "describe_cache", "draw_graph", "draw_pipeline", "graph_table", "kernel_signatures",
+    "Diff", "Stage", "calls_in", "count_dynamo_entries", "describe", "describe_cache",
+    "draw_graph", "draw_pipeline", "graph_table", "kernel_signatures",
     "kernel_sources", "op_label", "pipeline_facts", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
     "table_text", "to_dot", "triton_source_codegen_only", "unified_diff",
     # notebook plots (viz/plots.py)

@@ -58,8 +58,8 @@ def calls_in(code: str) -> dict[str, Counter]:
     }
 
 
-def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, config: dict | None = None,
-                               dynamic: bool = False) -> str:
+def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list,
+                               config: dict | None = None, dynamic: bool = False) -> str:
     """The Triton code Inductor writes for `graph`, on a machine with no GPU: codegen only.
 
     `cpu_backend="triton"` makes Inductor emit Triton for a CPU graph. Two things need a GPU
@@ -84,7 +84,8 @@ def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, conf
                 warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # "Generated kernels will not be executable": we know
             torch._inductor.standalone_compile(
-                graph, example_inputs, dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
+                graph, example_inputs,
+                dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
                 options={"config_patches": config})
     except Exception:  # loading the module needs a driver: expected without a GPU
         pass
@@ -93,5 +94,6 @@ def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, conf
             q.setLevel(level)
     source = "\n".join(c for c in code if "@triton.jit" in c)
     if not source:
-        raise RuntimeError("Inductor produced no Triton source for this graph (is triton installed?)")
+        raise RuntimeError("Inductor produced no Triton source for this graph "
+                           "(is triton installed?)")
     return source
