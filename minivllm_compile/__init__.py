@@ -13,7 +13,8 @@ from minivllm_compile.config import (
 )
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.decorators import ignore_torch_compile, support_torch_compile
-from minivllm_compile import caching, envs  # noqa: F401  (modules notebooks reach for)
+# modules notebooks reach for
+from minivllm_compile import cache_files, cache_keys, caching, envs  # noqa: F401
 from minivllm_compile.logger import configure as _configure_logging
 
 _configure_logging()

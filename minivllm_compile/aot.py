@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import sys
@@ -22,76 +23,84 @@ from pathlib import Path
 
 import torch
 
-from minivllm_compile import caching, envs
+from minivllm_compile import cache_files, cache_keys, caching, envs
 from minivllm_compile.backends import VllmBackend
-from minivllm_compile.cache_files import file_mode
 from minivllm_compile.counter import compilation_counter
 
 logger = logging.getLogger("minivllm_compile")
 
-# whether a config compiles ahead of time: decided below the backend (its CompilerManager asks too)
-use_aot_compile = caching.use_aot_compile
-
-
 def aot_path(model: torch.nn.Module) -> Path:
-    key, _ = caching.aot_cache_key(model, model.compilation_config, model.model_factors)
-    return caching.cache_root() / "torch_aot_compile" / key / "rank_0_0" / "model"
+    key, _ = cache_keys.aot_cache_key(model, model.compilation_config, model.model_factors)
+    return cache_files.cache_root() / "torch_aot_compile" / key / "rank_0_0" / "model"
 
 
-def try_load(model) -> bool:
-    """Load the saved compiled forward into model.aot_compiled_fn; False means: compile."""
+def _verify_source_unchanged(source_info, compilation_config) -> None:
+    """vLLM's (decorators.py): every module the saved trace inlined must have the source it had
+    then, and its file joins the traced files (the backend's cache dir is keyed on them). The AOT
+    key is computed before Dynamo runs, so it cannot cover these files; this check does instead."""
+    changed = set()
+    for src in source_info.inlined_sources:  # content: the whole module's source
+        module = sys.modules.get(src.module)
+        try:
+            now = inspect.getsource(module) if module else None
+        except (OSError, TypeError):
+            now = None
+        if now != src.content:
+            changed.add(src.module)
+        elif getattr(module, "__file__", None):
+            compilation_config.traced_files.add(module.__file__)
+    if changed:
+        names = ", ".join(sorted(changed)[:3])
+        raise RuntimeError(f"traced source changed since it was saved: {names}")
+
+
+def _try_load_aot_compiled_fn(model):
+    """The saved compiled forward (vLLM's function of the same name), or None: compile it."""
     force = envs.VLLM_FORCE_AOT_LOAD
     if envs.VLLM_DISABLE_COMPILE_CACHE:
         if force:
             raise RuntimeError("VLLM_FORCE_AOT_LOAD=1 with VLLM_DISABLE_COMPILE_CACHE=1: nothing can be "
                                "loaded; unset one of them")
-        return False
+        return None
     path = model.aot_path = aot_path(model)
     if not path.exists():
         if force:
             raise FileNotFoundError(f"VLLM_FORCE_AOT_LOAD=1 but there is no AOT artifact at {path}: run "
                                     "once without VLLM_FORCE_AOT_LOAD to compile and save it")
-        return False
+        return None
     try:
         with open(path, "rb") as f, caching.loading_for(model.compilation_config):
             fn = torch.compiler.load_compiled_function(f, f_globals=model.forward.__globals__)
-        source_info = fn.source_info()
-        changed = caching.changed_sources(source_info)
-        if changed:
-            raise RuntimeError(f"traced source changed since it was saved: {', '.join(changed[:3])}")
+        _verify_source_unchanged(fn.source_info(), model.compilation_config)
         if not model.compilation_config.dynamic_shapes_config.evaluate_guards:
             fn.disable_guard_check()
-        for src in source_info.inlined_sources:
-            module = sys.modules.get(src.module)
-            if module is not None and getattr(module, "__file__", None):
-                model.compilation_config.traced_files.add(module.__file__)
         # without the mega artifact the backend runs again now, on the saved Dynamo graph (the
         # traced files just added key its cache dir), and loads each piece from its index
-        fn._artifacts.compiled_fn.finalize_loading(model.compilation_config, model.model_factors,
-                                                   functools.partial(VllmBackend, from_saved_graph=True))
+        fn._artifacts.compiled_fn.finalize_loading(model.compilation_config, functools.partial(
+            VllmBackend, from_saved_graph=True, model_factors=lambda: model.model_factors))
     except Exception as e:  # corrupt, truncated, stale, or from another torch: compile again
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         if force:
             raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 and the AOT artifact at {path} cannot be used: {reason}") from e
         logger.warning("AOT artifact %s is unusable (%s); compiling afresh", path, reason)
-        return False
-    model.aot_compiled_fn = fn
-    model.compiled = True
+        return None
     compilation_counter.num_aot_artifacts_loaded += 1
-    return True
+    return fn
 
 
-def save(model) -> None:
+def save_aot_compiled_function(model) -> None:
+    """Save model.aot_compiled_fn (vLLM's method of the same name): atomically, readable by a shared
+    cache's other users; a failure is logged and the function stays in memory."""
     if envs.VLLM_DISABLE_COMPILE_CACHE:
         return
-    path = model.aot_path  # try_load computed it before this compile
+    path = model.aot_path  # _try_load_aot_compiled_fn computed it before this compile
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with caching.locked(path.parent):
+        with cache_files.locked(path.parent):
             model.aot_compiled_fn.save_compiled_function(str(tmp))
             # torch writes it through a NamedTemporaryFile, mode 0600 (vLLM's AOT files are private
             # to their owner that way): give it what open() gives, so a shared cache can read it
-            os.chmod(tmp, file_mode())
+            os.chmod(tmp, cache_files.file_mode())
             os.replace(tmp, path)
     except Exception as e:
         with contextlib.suppress(OSError):

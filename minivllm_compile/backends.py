@@ -17,15 +17,17 @@ import operator
 import pprint
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.passes.split_module import split_module
 
-from minivllm_compile import caching, envs
-from minivllm_compile.compiler_interface import CompiledEntry, make_compiler, returns_single_value, timed_compile
+from minivllm_compile import cache_files, cache_keys, caching, envs
+from minivllm_compile.compiler_interface import (CompiledEntry, CompilerInterface, EagerAdaptor,
+                                                 InductorAdaptor, InductorStandaloneAdaptor,
+                                                 returns_single_value, timed_compile)
 from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.cuda_graph import wrap_with_cudagraph_if_needed
@@ -76,22 +78,42 @@ class SplitItem:
 
 
 def _decompose_size_nodes(gm: fx.GraphModule) -> None:
-    """x.size() -> x.size(0), x.size(1), ...: a torch.Size must not cross a piece boundary (a
-    compiled piece takes tensors and SymInts, not Size objects)."""
-    for node in list(gm.graph.nodes):
-        if not (node.op == "call_method" and node.target == "size" and len(node.args) == 1
-                and not node.kwargs and "example_value" in node.meta):
+    """x.size() -> its dims, as vLLM's: a torch.Size must not cross a piece boundary (a compiled
+    piece takes tensors and SymInts, not Size objects). A dynamic dim becomes
+    aten.sym_size.int(x, i), placed right after x (so it crosses into later pieces as a SymInt); a
+    static dim becomes the literal int, so no piece takes a plain int as an input. x.size(i) is a
+    scalar already: left alone."""
+    for node in list(gm.graph.find_nodes(op="call_method", target="size")):
+        if len(node.args) > 1 or "dim" in node.kwargs:
             continue
-        with gm.graph.inserting_after(node):
-            dims = [gm.graph.call_method("size", (node.args[0], i)) for i in range(len(node.meta["example_value"]))]
-        for d, value in zip(dims, node.meta["example_value"]):
-            d.meta["example_value"] = value
+        tensor = node.args[0]
+        value = tensor.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
+            raise RuntimeError(f"cannot split at {node.name} = {tensor.name}.size(): {tensor.name} "
+                               "has no example value (was the graph traced by Dynamo?)")
+        # after the tensor; after the last input when it is one, so that the inputs stay first
+        inputs = list(gm.graph.find_nodes(op="placeholder"))
+        where = tensor if tensor.op != "placeholder" else inputs[-1]
+        dims: list[fx.Node | int] = []
+        with gm.graph.inserting_after(where):
+            for i, d in reversed(list(enumerate(value.shape))):  # each inserted right after `where`
+                if isinstance(d, torch.SymInt):
+                    dim = gm.graph.call_function(torch.ops.aten.sym_size.int, (tensor, i))
+                    dim.meta["example_value"] = d
+                    dims.insert(0, dim)
+                else:
+                    dims.insert(0, int(d))
         for user in list(node.users):
-            if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
+            if (user.op == "call_function" and user.target is operator.getitem
+                    and user.args[0] is node and isinstance(user.args[1], int)):
                 user.replace_all_uses_with(dims[user.args[1]])
                 gm.graph.erase_node(user)
-            else:
-                user.args = torch.fx.node.map_arg(user.args, lambda a: tuple(dims) if a is node else a)
+            elif (user.args and user.args[-1] is node
+                  and node not in (*user.args[:-1], *user.kwargs.values())):
+                user.args = (*user.args[:-1], *dims)  # view(t, size) -> view(t, d0, d1), as vLLM's
+            else:  # the size among other arguments (torch.full(size, v)): a tuple of the dims
+                user.args, user.kwargs = torch.fx.node.map_arg(
+                    (user.args, user.kwargs), lambda a: tuple(dims) if a is node else a)
         gm.graph.erase_node(node)
     gm.recompile()
 
@@ -147,6 +169,17 @@ def graph_key(gm: fx.GraphModule) -> str:
     return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
 
 
+def make_compiler(compilation_config: CompilationConfig, *,
+                  use_aot_compile: bool) -> CompilerInterface:
+    """The adaptor a piece goes to (vLLM's): eager, standalone_compile, or compile_fx."""
+    if compilation_config.backend == "eager":
+        return EagerAdaptor()
+    if envs.VLLM_USE_STANDALONE_COMPILE and hasattr(torch._inductor, "standalone_compile"):
+        return InductorStandaloneAdaptor(compilation_config.compile_cache_save_format,
+                                         use_aot_compile=use_aot_compile)
+    return InductorAdaptor()
+
+
 class CompilerManager:
     """Compiles pieces, counts it, keeps the index of what it saved, and loads from it (vLLM's).
 
@@ -172,6 +205,16 @@ class CompilerManager:
         self.cache_dir: Path | None = None  # set by the backend; None: nothing saved
         self.disable_cache = True
         self.prefix = ""  # the model tag, in log lines as vLLM's _log_prefix
+
+    @contextlib.contextmanager
+    def compile_context(self, compile_range: Range) -> Iterator[None]:
+        """Around one Inductor compile (vLLM's): the passes Inductor runs inside read the compile
+        range from this pass context, and a range-gated pass (is_applicable_for_range) skips the
+        ranges it does not serve."""
+        from minivllm_compile.passes import pass_context  # the passes load with the first compile
+
+        with pass_context(compile_range):
+            yield
 
     @property
     def cache_file_path(self) -> Path | None:
@@ -210,8 +253,9 @@ class CompilerManager:
         # a Range is written as its (start, end): literal_eval reads tuples, not dataclasses
         data = {((r.start, r.end), i, name): v for (r, i, name), v in self.cache.items()}
         try:
-            with caching.locked(self.cache_dir):
-                caching.atomic_write(self.cache_file_path, pprint.pformat(data, indent=4) + "\n")
+            with cache_files.locked(self.cache_dir):
+                cache_files.atomic_write(self.cache_file_path,
+                                         pprint.pformat(data, indent=4) + "\n")
         except OSError as e:
             logger.warning("cannot write the compile cache index %s (%s); continuing in memory",
                            self.cache_file_path, e)
@@ -240,7 +284,8 @@ class CompilerManager:
             return None
         logger.debug("loaded graph %d for %s from %s", graph_index, compile_range, path)
         return CompiledEntry(runnable, compile_range, graph_index, time.perf_counter() - t0,
-                             artifact_path=str(caching.resolve_path(path)), handle=(key, path), loaded=True)
+                             artifact_path=str(cache_files.resolve_path(path)), handle=(key, path),
+                             loaded=True)
 
     def compile(self, graph: fx.GraphModule, example_inputs: list, compile_range: Range,
                 graph_index: int) -> CompiledEntry:
@@ -266,12 +311,10 @@ class CompilerManager:
                 compilation_counter.num_inductor_compiles += 1
         else:
             compilation_counter.num_unique_compiles += 1
-            manager = self.inductor_config.get("post_grad_custom_post_pass")
-            if hasattr(manager, "set_compile_range"):
-                manager.set_compile_range(compile_range)
             artifact_key = f"artifact_compile_range_{caching.range_key(compile_range)}_subgraph_{graph_index}"
-            entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
-                                  compile_range, graph_index, key=artifact_key)
+            with self.compile_context(compile_range):
+                entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
+                                      compile_range, graph_index, key=artifact_key)
             # a progress line per piece and entry that Inductor compiled (vLLM logs one per range
             # after its last piece); an eager "compile" takes no time and stays at DEBUG
             logger.log(logging.DEBUG if self.compiler.name == "eager" else logging.INFO,
@@ -325,7 +368,7 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
 
 # which compiled part of the model the next VllmBackend serves (vLLM: backbone, eagle_head, ...):
 # its folder in the cache, beside the other parts'
-model_tag: str = caching.DEFAULT_MODEL_TAG
+model_tag: str = cache_keys.DEFAULT_MODEL_TAG
 
 
 @contextlib.contextmanager
@@ -343,14 +386,17 @@ def set_model_tag(tag: str) -> Iterator[None]:
 
 
 class VllmBackend:
-    def __init__(self, compilation_config: CompilationConfig, prefix: str = "", from_saved_graph: bool = False):
+    def __init__(self, compilation_config: CompilationConfig, prefix: str = "",
+                 from_saved_graph: bool = False,
+                 model_factors: Callable[[], dict | None] | None = None):
         self.compilation_config = compilation_config
         self.prefix = prefix or model_tag
         # run by a non-mega AOT load on the saved Dynamo graph, not by Dynamo
         self.from_saved_graph = from_saved_graph
-        # what tells this model from others in the cache key (caching.model_factors); the
-        # decorator sets it at the first call, None when the backend is used on its own
-        self.model_factors: dict | None = None
+        # what tells this model from others in the cache key (cache_keys.model_factors), asked for
+        # when the graph arrives: the decorated model knows them only at its first call. None: a
+        # backend used on its own, keyed without them
+        self.model_factors = model_factors or (lambda: None)
         self.inductor_config, _ = compilation_config.inductor_config_and_guard_filter()
         self.compiler_manager = CompilerManager(compilation_config, self.inductor_config)
         self.graphs: list[fx.GraphModule] = []  # the Dynamo graph (one: Dynamo traces once)
@@ -360,15 +406,14 @@ class VllmBackend:
         self.post_grad_pass_manager = None
 
     def configure_post_pass(self) -> None:
-        """Post-grad passes run inside Inductor, after functionalization (vLLM sets
-        enable_auto_functionalized_v2=False so FixFunctionalizationPass sees v1 nodes)."""
+        """Post-grad passes run inside Inductor, after functionalization (on v1 nodes:
+        CompilationConfig sets enable_auto_functionalized_v2=False, as vLLM's does)."""
         if self.compilation_config.backend != "inductor":
             return
         from minivllm_compile.passes import make_pass_manager
 
         self.post_grad_pass_manager = manager = make_pass_manager(self.compilation_config)
         self.inductor_config["post_grad_custom_post_pass"] = manager
-        self.inductor_config.setdefault("enable_auto_functionalized_v2", False)
 
     def _pick_cache_dir(self, example_inputs: list) -> Path | None:
         """<root>/<hash of every factor, traced files included>/rank_0_0/<prefix>, as vLLM lays it;
@@ -377,12 +422,13 @@ class VllmBackend:
         but then two models given the same cache_dir would overwrite each other's pieces."""
         cc = self.compilation_config
         device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
-        key, self.cache_key_factors = caching.backend_cache_key(cc, device, self.model_factors)
+        key, self.cache_key_factors = cache_keys.backend_cache_key(cc, device, self.model_factors())
         if envs.VLLM_DISABLE_COMPILE_CACHE:
             return None
-        local = Path(cc.cache_dir or caching.cache_root()) / key / "rank_0_0" / self.prefix
+        local = Path(cc.cache_dir or cache_files.cache_root()) / key / "rank_0_0" / self.prefix
         try:
-            caching.atomic_write(local / "cache_key_factors.json", json.dumps(self.cache_key_factors, indent=1))
+            cache_files.atomic_write(local / "cache_key_factors.json",
+                                     json.dumps(self.cache_key_factors, indent=1))
         except OSError as e:
             if (local / "cache_key_factors.json").is_file():  # a read-only (shared) cache: load from it
                 logger.warning("cannot write to the compile cache %s (%s); reading from it only", local, e)
@@ -417,7 +463,7 @@ class VllmBackend:
                    "entries": {r: e.compiled.artifact_path for r, e in pb.range_entries.items()}}
                   for pb in self.piecewise_backends]
         return caching.VllmSerializableFunction(self.split_gm, cc, pieces, self.cache_dir,
-                                                cc.compile_cache_save_format)
+                                                cc.compile_cache_save_format, example_inputs)
 
     def _widen_backed_ranges_for_evaluate_guards(self) -> None:
         """As vLLM's VllmBackend.__call__: with evaluate_guards and BACKED shapes, a backed size
@@ -440,7 +486,7 @@ class VllmBackend:
             return
         src = self.split_gm.print_readable(print_output=False).replace("<lambda>", "GraphModule")
         try:
-            caching.atomic_write(self.cache_dir / "computation_graph.py",
+            cache_files.atomic_write(self.cache_dir / "computation_graph.py",
                                  "from __future__ import annotations\nimport torch\n" + src)
         except OSError as e:
             logger.warning("cannot write to the compile cache %s (%s); continuing without it", self.cache_dir, e)

@@ -41,21 +41,37 @@ def sha(text: str, n: int = 10) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
+# What is not the compiler, by the first part of its path in the package: the notebooks' views and
+# exercises, the models (what a trace reads of them, Dynamo's traced files key by content), and the
+# measuring tools. An edit there keeps every user's compile cache; an edit anywhere else is a new
+# compiler and compiles afresh. A display-only helper belongs in one of these, never in a module of
+# the compiler.
+NOT_COMPILER = frozenset({"viz", "exercises", "models", "bench.py", "bench_cudagraph.py",
+                          "bench_plots.py", "startup.py", "tour.py"})
+
+
+def compiler_files(package: Path) -> list[Path]:
+    """The package's modules that make up the compiler: every .py file but NOT_COMPILER's."""
+    return [p for p in sorted(package.rglob("*.py"))
+            if p.relative_to(package).parts[0] not in NOT_COMPILER]
+
+
+def source_hash(files: list[Path], root: Path) -> str:
+    return sha("".join(f"{p.relative_to(root)}\n{p.read_text()}" for p in files), 16)
+
+
 @functools.cache
 def compiler_source_hash() -> str:
     """The source of every module of this package that takes part in compiling (vLLM keys on its
-    release for this): an edited pass, backend or adaptor must not load what the old one built.
-    The models are not here: Dynamo records the files it traces, and those are keyed by content."""
+    release for this): an edited pass, backend or adaptor must not load what the old one built."""
     package = Path(__file__).resolve().parent
     # shipped as minivllm_compile.kernels from the repository's kernels/ (an editable install keeps
     # it there): find it without importing it
     kernels = Path(importlib.util.find_spec("minivllm_compile.kernels").submodule_search_locations[0]).resolve()
-    skip = {"bench.py", "bench_plots.py", "tour.py", "startup.py"}
-    files = [p for p in sorted(package.rglob("*.py"))
-             if p.name not in skip and not ({"viz", "models", "exercises"} & set(p.relative_to(package).parts))]
+    h = source_hash(compiler_files(package), package)
     if kernels != package / "kernels":
-        files += sorted(kernels.glob("*.py"))
-    return sha("".join(f"{p.name}\n{p.read_text()}" for p in files), 16)
+        h = sha(h + source_hash(sorted(kernels.glob("*.py")), kernels), 16)
+    return h
 
 
 def file_hash(path: str) -> str:

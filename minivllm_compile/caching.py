@@ -16,79 +16,31 @@ Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
                                                     the compile_fx adaptor (VLLM_USE_STANDALONE_COMPILE=0)
                                                     and by the standalone one with VLLM_USE_AOT_COMPILE=0
 
-A key must cover everything that changes the compiled code, or the cache serves kernels built for
-something else. Its factors, and what each covers:
-
-    config          the CompilationConfig's fields (mode, sizes, ranges, splitting ops, passes, ...)
-    envs            the switches that change what is compiled (VLLM_USE_AOT_COMPILE, ...)
-    torch           the torch release that compiled it
-    inductor_config Inductor's own settings in this process
-    compiler        the source of this package's compiler (backends, passes, ...): vLLM puts its
-                    release (vllm.__version__) in the key for the same reason
-    passes          the post-grad passes' uuids, a user's pass included (vLLM: PostGradPassManager.uuid)
-    model           the compiled module's class and every parameter's and buffer's name, shape,
-                    dtype and device (weights are graph inputs: their values are not baked in)
-    constants       every plain value the module and its submodules hold (an eps, a head count,
-                    a layer name, a bool that picks a branch): Dynamo bakes such values into the
-                    graph as constants, and with the guards dropped nothing would notice a change
-                    (vLLM hashes the model's configuration for this)
-    inputs          the first call's arguments: each tensor's dtype, device, static sizes and
-                    contiguity; each plain argument's value
-    tag             which compiled part of the model it is (vLLM's model tag, "backbone" by default)
-    device          (backend key) where the traced graph's inputs live
-    traced_files    (backend key) every file Dynamo traced, with its content. The AOT key is
-                    known before Dynamo runs, so the AOT load checks the traced sources instead.
+The keys that name these folders, and what each of their factors covers: cache_keys.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import functools
 import hashlib
-import inspect
-import json
 import logging
 import pickle
-import sys
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.fx as fx
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from minivllm_compile import cpu_isa, envs
-from minivllm_compile.cache_files import (  # noqa: F401  (atomic_write, locked: used through caching.*)
-    atomic_write, cache_root, compiler_source_hash, file_hash, locked, portable_path, resolve_path, sha)
-# save_artifact, load_artifact: the adaptor's (compiler_interface.py), kept importable from here
-from minivllm_compile.compiler_interface import first_output, load_artifact, save_artifact  # noqa: F401
+from minivllm_compile.cache_keys import DEFAULT_MODEL_TAG
+from minivllm_compile.compiler_interface import first_output
 from minivllm_compile.config import CompilationConfig, CompilationMode, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.cuda_graph import wrap_with_cudagraph_if_needed
 from minivllm_compile.piecewise_backend import PiecewiseBackend
 
 logger = logging.getLogger("minivllm_compile")
-
-DEFAULT_MODEL_TAG = "backbone"
-
-
-# --- what the compiled code depends on ------------------------------------------------------------
-
-def model_signature(module: torch.nn.Module) -> str:
-    """The model's class and every parameter's name, shape, dtype and device type: weights are graph
-    inputs, so a compiled artifact fits exactly the models with this signature (C++ kernels built for
-    CPU tensors are no use to a model on the GPU)."""
-    cls = type(module)
-    forward = cls.forward
-    rows = [f"{cls.__module__}.{cls.__qualname__}:{forward.__code__.co_firstlineno}"]
-    rows += [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}" for n, p in module.named_parameters()]
-    rows += [f"{n}:{tuple(b.shape)}:{b.dtype}:{b.device.type}" for n, b in module.named_buffers()]
-    return sha("\n".join(rows), 16)
-
-
-_SKIP = object()
 
 # The loading model's config (vLLM's get_current_vllm_config() in deserialize_compile_artifacts):
 # a mega load builds its pieces under it, not under the config pickled at save time, since what
@@ -104,118 +56,6 @@ def loading_for(compilation_config: CompilationConfig) -> Iterator[None]:
         yield
     finally:
         _loading_config = prev
-
-
-# set by the decorator and the wrapper on the compiled module itself: how it is compiled (the
-# config has its own factor), not what it computes
-_COMPILE_STATE = frozenset({"compilation_config", "do_not_compile", "compiled", "first_compile",
-                           "aot_compiled_fn", "aot_path", "guard_table", "input_spec", "model_factors"})
-
-
-def _constant(value: Any, _seen: frozenset = frozenset(), _in_object: bool = False) -> Any:
-    """`value` as JSON if a trace could bake it into the graph as a constant, else _SKIP. Tensors,
-    modules and functions are not constants (they are inputs, walked on their own, or traced
-    source, which traced_files covers). A top-level None is skipped, so that a cache slot filled
-    after construction does not change the key; inside a container it is a value like any other.
-    Containers, dataclasses and plain objects are walked: a dict of options or a SimpleNamespace
-    that forward reads is baked in as surely as a float attribute. An object held by another plain
-    object is only named (a logger's manager would otherwise bring every logger of the process)."""
-    if value is None:
-        return _SKIP
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__name__}.{value.name}"
-    if isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return repr(value)  # nan and inf too, and no rounding
-    if isinstance(value, (torch.dtype, torch.device)):
-        return str(value)
-    if isinstance(value, (torch.Tensor, torch.nn.Module, type)) or callable(value) or id(value) in _seen:
-        return _SKIP
-    seen = _seen | {id(value)}  # the path down to here: a value that refers back to itself is cut
-    if isinstance(value, (tuple, list)):
-        items = [None if v is None else _constant(v, seen, _in_object) for v in value]
-        return _SKIP if any(i is _SKIP for i in items) else items
-    if isinstance(value, dict):
-        items = {str(k): None if v is None else _constant(v, seen, _in_object) for k, v in value.items()}
-        return {k: v for k, v in items.items() if v is not _SKIP}
-    if dataclasses.is_dataclass(value):
-        fields = {f.name: _constant(getattr(value, f.name), seen, _in_object) for f in dataclasses.fields(value)}
-        return {k: v for k, v in fields.items() if v is not _SKIP}
-    if hasattr(value, "__dict__"):  # a plain object: its type and its public attributes
-        if _in_object:
-            return f"<{type(value).__qualname__}>"
-        fields = {k: _constant(v, seen, True) for k, v in vars(value).items() if not k.startswith("_")}
-        return {"__type__": type(value).__qualname__, **{k: v for k, v in fields.items() if v is not _SKIP}}
-    return _SKIP
-
-
-def constant_value(value: Any) -> Any:
-    """`value` as JSON if a trace could bake it in as a constant, else None."""
-    value = _constant(value)
-    return None if value is _SKIP else value
-
-
-def model_constants(module: torch.nn.Module) -> dict[str, Any]:
-    """Every plain value the module and its submodules hold, by dotted name: what Dynamo would bake
-    into the graph if forward read it (an RMSNorm's eps, an attention layer's scale and name)."""
-    found = {}
-    for prefix, m in module.named_modules():
-        for name, value in vars(m).items():
-            if name.startswith("_") or (m is module and name in _COMPILE_STATE):
-                continue
-            value = _constant(value)
-            if value is not _SKIP:
-                found[f"{prefix}.{name}" if prefix else name] = value
-    return found
-
-
-def passes_uuid(cc: CompilationConfig) -> str | None:
-    """The post-grad passes this config runs, by their uuids (each one's source and settings)."""
-    if cc.backend != "inductor":
-        return None
-    from minivllm_compile.passes import make_pass_manager
-
-    return make_pass_manager(cc).uuid()[:16]
-
-
-def inductor_config_hash() -> str:
-    import torch._inductor.config as inductor_config
-
-    return sha(str(inductor_config.save_config_portable()) if hasattr(inductor_config, "save_config_portable")
-               else repr(sorted(inductor_config.get_config_copy().items(), key=str)), 16)
-
-
-def model_factors(module: torch.nn.Module, inputs: dict | None = None) -> dict[str, Any]:
-    """The factors that tell one compiled module from another: what it is, what it holds, what it
-    was first called with, and its tag."""
-    return {"model": model_signature(module),
-            "constants": sha(json.dumps(model_constants(module), sort_keys=True), 16),
-            "inputs": inputs,
-            "tag": getattr(getattr(module, "backend", None), "prefix", DEFAULT_MODEL_TAG)}
-
-
-def compile_factors(cc: CompilationConfig) -> dict[str, Any]:
-    """The factors that do not depend on the model: how it is compiled, and by what."""
-    return {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
-            "inductor_config": inductor_config_hash(), "compiler": compiler_source_hash(),
-            "passes": passes_uuid(cc)}
-
-
-def aot_cache_key(module: torch.nn.Module, cc: CompilationConfig,
-                  factors_of_model: dict | None = None) -> tuple[str, dict]:
-    """Known before Dynamo runs: everything but the traced files, which the load checks itself."""
-    factors = {**compile_factors(cc), **(factors_of_model or model_factors(module))}
-    return sha(json.dumps(factors, sort_keys=True)), factors
-
-
-def backend_cache_key(cc: CompilationConfig, device: str,
-                      factors_of_model: dict | None = None) -> tuple[str, dict]:
-    """After tracing: the AOT key's factors, the device type the graph runs on (vLLM hashes its
-    DeviceConfig), and every traced file."""
-    factors = {**compile_factors(cc), **(factors_of_model or {}), "device": device,
-               "traced_files": {p: file_hash(p) for p in sorted(cc.traced_files)}}
-    return sha(json.dumps(factors, sort_keys=True)), factors
 
 
 def use_aot_compile(cc: CompilationConfig) -> bool:
@@ -254,8 +94,13 @@ class VllmSerializableFunction(SerializableCallable):
     """
 
     def __init__(self, split_gm: fx.GraphModule, compilation_config: CompilationConfig,
-                 pieces: list[dict], cache_dir: str | None, save_format: str):
+                 pieces: list[dict], cache_dir: str | None, save_format: str,
+                 example_inputs: Sequence = ()):
         self.split_gm = split_gm
+        # as vLLM's: the ShapeEnv of the trace (its symbols, their ranges and guards), from the
+        # first SymInt input; None for a mega load, which rebuilds the pieces without tracing
+        sym_input = next((i for i in example_inputs if isinstance(i, torch.SymInt)), None)
+        self.shape_env = sym_input.node.shape_env if sym_input is not None else None
         self.compilation_config = compilation_config
         self.pieces = pieces  # [{"submod": name, "index": i, "sym_shape_indices": [...], "entries": {...}}]
         self.cache_dir = cache_dir
@@ -273,7 +118,7 @@ class VllmSerializableFunction(SerializableCallable):
     def __call__(self, *args: Any) -> Any:
         if self._pending is not None:
             raise RuntimeError("a VllmSerializableFunction loaded without the mega artifact runs its backend "
-                               "first: call finalize_loading (aot.try_load does)")
+                               "first: call finalize_loading (aot._try_load_aot_compiled_fn does)")
         return self.split_gm(*args)
 
     @classmethod
@@ -303,11 +148,12 @@ class VllmSerializableFunction(SerializableCallable):
         gm = GraphPickler.loads(state["graph"], fake_mode)
         gm.recompile()
         if not state["mega"]:
-            # the traced files are not known yet (aot.try_load adds them after this, and the
-            # backend's cache dir is keyed on them): the backend runs in finalize_loading
+            # the traced files are not known yet (aot._verify_source_unchanged adds them after
+            # this, and the backend's cache dir is keyed on them): the backend runs in
+            # finalize_loading
             fn = cls.__new__(cls)
             fn.split_gm, fn.compilation_config, fn.pieces, fn.cache_dir = None, None, [], None
-            fn.save_format, fn.vllm_backend = state["save_format"], None
+            fn.save_format, fn.vllm_backend, fn.shape_env = state["save_format"], None, None
             fn._pending = (gm, state["prefix"], fake_mode)
             return fn
         for child in gm.children():
@@ -318,8 +164,7 @@ class VllmSerializableFunction(SerializableCallable):
             _load_pieces(gm, cc, state["pieces"], state["artifacts"])
         return cls(gm, cc, state["pieces"], None, state["save_format"])
 
-    def finalize_loading(self, compilation_config: CompilationConfig, model_factors: dict | None,
-                         make_backend: Any) -> None:
+    def finalize_loading(self, compilation_config: CompilationConfig, make_backend: Any) -> None:
         """As vLLM's: run the backend on the loaded Dynamo graph, now that the traced files are in
         `compilation_config` (the cache dir is keyed on them). Each piece's entries are loaded from
         the CompilerManager's index; one that is missing or unusable is compiled. Nothing to do for
@@ -330,7 +175,6 @@ class VllmSerializableFunction(SerializableCallable):
 
         gm, prefix, fake_mode = self._pending
         backend = make_backend(compilation_config, prefix)  # a VllmBackend, from the module above this one
-        backend.model_factors = model_factors
         example_inputs = [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")]
         with tracing(TracingContext(fake_mode)), cpu_isa.remembered_probe():
             with fake_mode:
@@ -339,6 +183,7 @@ class VllmSerializableFunction(SerializableCallable):
         self._pending = None
         self.split_gm, self.compilation_config, self.pieces = built.split_gm, compilation_config, built.pieces
         self.cache_dir, self.vllm_backend = built.cache_dir, backend
+        self.shape_env = built.shape_env
 
 
 def _pickle_graph(gm: fx.GraphModule, keep_inputs: bool) -> bytes:
@@ -418,58 +263,6 @@ def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict], 
                 runnables[r] = first_output(runnables[r])
         gm.__dict__[p["submod"]] = wrap_with_cudagraph_if_needed(PiecewiseBackend.from_runnables(
             cc, p["index"], p["sym_shape_indices"], runnables), cc)
-
-
-# --- source checks and inspection ---------------------------------------------------------------
-
-def changed_sources(source_info: Any) -> list[str]:
-    """The traced functions whose source differs now from when the artifact was saved."""
-    changed = set()
-    for src in getattr(source_info, "inlined_sources", ()):  # content: the whole module's source
-        module = sys.modules.get(src.module)
-        try:
-            now = inspect.getsource(module) if module else None
-        except (OSError, TypeError):
-            now = None
-        if now != src.content:
-            changed.add(src.module)
-    return sorted(changed)
-
-
-# where compiler_interface.initialize_inductor_cache points Inductor's and Triton's own caches
-FOREIGN_CACHES = {"inductor_cache": "Inductor's FX graph cache and generated code",
-                  "triton_cache": "Triton's compiled kernels"}
-
-
-def describe(root: str | Path | None = None) -> str:
-    """The cache as a tree with sizes, the factors of each backend entry, and its artifacts."""
-    root = Path(root) if root else cache_root()
-    if not root.exists():
-        return f"{root}: empty (nothing compiled with the cache on yet)"
-    lines = [f"{root}"]
-    for path in sorted(p for p in root.rglob("*") if not p.name.startswith(".")):
-        rel = path.relative_to(root).parts
-        if any(part in FOREIGN_CACHES for part in rel[:-1]):
-            continue  # inside Inductor's or Triton's own cache: one line for the whole folder
-        depth = len(rel)
-        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
-        size = sum(f.stat().st_size for f in files)
-        note = f"  ({len(files)} files: {FOREIGN_CACHES[path.name]})" if path.name in FOREIGN_CACHES else ""
-        lines.append(f"{'  ' * depth}{path.name}{'/' if path.is_dir() else ''}  {_human(size)}{note}")
-        if path.name == "cache_key_factors.json":
-            factors = json.loads(path.read_text())
-            for k, v in factors.items():
-                shown = f"{len(v)} files" if k == "traced_files" else v
-                lines.append(f"{'  ' * (depth + 1)}· {k}: {shown}")
-    return "\n".join(lines)
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable: GB always returns")
 
 
 def range_key(r: Range) -> str:

@@ -241,60 +241,6 @@ def first_output(fn: Callable) -> Callable:
     return call
 
 
-def triton_source_codegen_only(graph: fx.GraphModule, example_inputs: list, config: dict | None = None,
-                               dynamic: bool = False) -> str:
-    """The Triton code Inductor writes for `graph`, on a machine with no GPU: codegen only.
-
-    `cpu_backend="triton"` makes Inductor emit Triton for a CPU graph. Two things need a GPU
-    driver: the backend hash Inductor stamps into the code (answered here with a fixed string) and
-    loading the generated module, which compiles the kernels (it fails, after the source has been
-    captured, and nothing is ever launched). Seen working on torch 2.13 with triton 3.7.
-    """
-    import logging
-
-    import warnings
-
-    code: list[str] = []
-    # no autotuning at compile time: it would run the kernels
-    config = {**(config or {}), "cpu_backend": "triton", "fx_graph_cache": False,
-              "triton.autotune_at_compile_time": False}
-    # the expected load failure would log a long error, and standalone_compile that it has no
-    # artifact to save (fx_graph_cache is off): both are known here
-    quiet = [logging.getLogger(n) for n in ("torch._inductor.runtime.triton_heuristics",
-                                            "torch._inductor.standalone_compile")]
-    levels = [q.level for q in quiet]
-    for q in quiet:
-        q.setLevel(logging.CRITICAL)
-    try:
-        with capture_output_code(code), patch("torch.utils._triton.triton_hash_with_backend",
-                                              lambda: "codegen-only"), \
-                warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # "Generated kernels will not be executable": we know
-            torch._inductor.standalone_compile(
-                graph, example_inputs, dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
-                options={"config_patches": config})
-    except Exception:  # loading the module needs a driver: expected without a GPU
-        pass
-    finally:
-        for q, level in zip(quiet, levels):
-            q.setLevel(level)
-    source = "\n".join(c for c in code if "@triton.jit" in c)
-    if not source:
-        raise RuntimeError("Inductor produced no Triton source for this graph (is triton installed?)")
-    return source
-
-
-def make_compiler(compilation_config, *, use_aot_compile: bool) -> CompilerInterface:
-    from minivllm_compile import envs
-
-    if compilation_config.backend == "eager":
-        return EagerAdaptor()
-    if envs.VLLM_USE_STANDALONE_COMPILE and hasattr(torch._inductor, "standalone_compile"):
-        return InductorStandaloneAdaptor(compilation_config.compile_cache_save_format,
-                                         use_aot_compile=use_aot_compile)
-    return InductorAdaptor()
-
-
 def timed_compile(compiler: CompilerInterface, graph, example_inputs, config, compile_range,
                   graph_index: int, key: str | None = None) -> CompiledEntry:
     t0 = time.perf_counter()

@@ -202,8 +202,9 @@ class CompilationConfig:
     debug_dump_path: str | None = None
     # filled while Dynamo traces: every source file the graph came from (invalidates the cache)
     traced_files: set[str] = field(default_factory=set)
-    # CUDA graphs (vLLM's fields). None resolves to NONE on every platform: vLLM's CpuPlatform turns
-    # CUDA graphs off (platforms/cpu.py), and on CUDA its default (FULL_AND_PIECEWISE) would change
+    # CUDA graphs (vLLM's fields). None resolves to NONE on every platform: vLLM turns CUDA graphs
+    # off where the platform has no support_static_graph_mode(), a CPU among them (config/vllm.py),
+    # and on CUDA its default (FULL_AND_PIECEWISE) would change
     # what every existing notebook counts, so here a mode is opt-in. On a CPU an explicit mode runs
     # the static-buffer stand-in (cuda_graph.StaticBufferReplay) to show the same contract.
     cudagraph_mode: CUDAGraphMode | str | None = None
@@ -300,6 +301,9 @@ class CompilationConfig:
                              f"dotted like 'triton.cudagraphs')"
                              + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
         self._refuse_freezing()
+        # as vLLM's __post_init__: the passes (FixFunctionalization, the fusions) read v1
+        # auto_functionalized nodes, in every mode that reaches Inductor; a user's value wins
+        self.inductor_compile_config.setdefault("enable_auto_functionalized_v2", False)
         self.traced_files = set(self.traced_files)
         self._init_cudagraph()
 
@@ -419,17 +423,19 @@ class CompilationConfig:
                              f"['none', '+rms_norm'], got {ops!r}")
         bad = [c for c in ops if not isinstance(c, str) or (c not in ("all", "none")
                                                            and not (c[:1] in "+-" and c[1:] in CUSTOM_OPS))]
-        if bad:
-            raise ValueError(f"CompilationConfig.custom_ops {bad}: use 'all', 'none', "
-                             f"'+name' or '-name' with a name from {list(CUSTOM_OPS)}")
+        if bad:  # each message carries vLLM's wording too, so a search for vLLM's finds it
+            raise ValueError(f"Invalid syntax {bad[0]!r} for custom op: "
+                             f"CompilationConfig.custom_ops {bad}: use 'all', 'none', '+name' or '-name' with a name from "
+                             f"{list(CUSTOM_OPS)}")
         base = [c for c in ops if c in ("all", "none")]
         if len(base) > 1:
-            raise ValueError(f"CompilationConfig.custom_ops={ops}: give one base mode at most, 'all' or "
-                             f"'none' (got {base})")
+            raise ValueError(f"CompilationConfig.custom_ops={ops}: custom_ops can contain only one "
+                             f"base mode: give one base mode at most, 'all' or 'none' (got {base})")
         both = sorted({c[1:] for c in ops if c[0] == "+"} & {c[1:] for c in ops if c[0] == "-"})
         if both:
-            raise ValueError(f"CompilationConfig.custom_ops={ops} both enables and disables {both}: keep "
-                             "either the '+' or the '-' entry")
+            raise ValueError(f"CompilationConfig.custom_ops={ops} both enables and disables {both} "
+                             "(custom_ops cannot both enable and disable the same operation(s)): "
+                             "keep either the '+' or the '-' entry")
 
     @staticmethod
     def _sizes(name: str, sizes, upto: int | None) -> list[int]:

@@ -12,8 +12,7 @@ static outputs, re-run on replay) so the hazards can be shown and tested there.
 from __future__ import annotations
 
 import dataclasses
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -21,6 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from minivllm_compile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.forward_context import get_forward_context, is_forward_context_available
+from minivllm_compile.monitor import validate_cudagraph_capturing_enabled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,21 +30,6 @@ class BatchDescriptor:
     num_tokens: int
     num_reqs: int | None = None  # None for PIECEWISE: a piece serves any number of requests
     uniform: bool = False  # every request has the same query length (a decode batch)
-
-
-# vLLM's validate_cudagraph_capturing_enabled: capture only while the model runner captures, at
-# start-up; a capture later would be a request waiting for it (and, on CUDA, a stall)
-_capturing_enabled = False
-
-
-@contextmanager
-def capture_phase() -> Iterator[None]:
-    global _capturing_enabled
-    prev, _capturing_enabled = _capturing_enabled, True
-    try:
-        yield
-    finally:
-        _capturing_enabled = prev
 
 
 _graph_pool = None
@@ -126,10 +111,12 @@ class CUDAGraphWrapper:
         return entry.output
 
     def _capture(self, desc: BatchDescriptor, args: tuple, kwargs: dict) -> Any:
-        if not _capturing_enabled:
-            raise RuntimeError(f"CUDAGraphWrapper({self.runtime_mode.name}) has no graph for {desc} and capture "
-                               "is only allowed at start-up (LM.capture_model); the dispatcher gave a "
-                               "descriptor that was never captured")
+        try:
+            validate_cudagraph_capturing_enabled()
+        except RuntimeError as e:
+            raise RuntimeError(f"CUDAGraphWrapper({self.runtime_mode.name}) has no graph for "
+                               f"{desc}. {e}. The dispatcher gave a descriptor that was never "
+                               "captured") from None
         if self.compilation_config.cudagraph_copy_inputs:
             args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
         entry = CUDAGraphEntry(desc, static_args=args)

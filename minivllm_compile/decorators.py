@@ -9,21 +9,23 @@ source file it reads is recorded in compilation_config.traced_files (§11).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import typing
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 from unittest.mock import patch
 
 import torch
 from torch import nn
 from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
-from minivllm_compile import aot, caching
-from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
+from minivllm_compile import aot, cache_keys, caching
+from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
+                                     DynamicShapesType)
 from minivllm_compile.counter import compilation_counter
-from minivllm_compile.monitor import start_monitoring_torch_compile
-from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, WholeGraphBackend
+from minivllm_compile.monitor import monitor_torch_compile
+from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
 
 IGNORE_COMPILE_KEY = "_ignore_compile_minivllm"
 _T = TypeVar("_T", bound=type[nn.Module])
@@ -67,18 +69,6 @@ def support_torch_compile(
         return _support_torch_compile(cls, dims, mark_unbacked_dims, enable_if)
 
     return decorate(cls) if cls is not None else decorate
-
-
-def stock_torch_compile(module: nn.Module, compilation_config: CompilationConfig) -> Callable:
-    """STOCK_TORCH_COMPILE, done by the caller as vLLM's model runner does: plain torch.compile of
-    the whole forward, guards kept (a user's guard_filter_fn too), recompiling on new shapes."""
-    compilation_counter.stock_torch_compile_count += 1
-    cfg, guard_filter = compilation_config.inductor_config_and_guard_filter()
-    options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
-    backend = WholeGraphBackend(compilation_config.backend, cfg)
-    compiled = torch.compile(module.forward, fullgraph=True, backend=backend, options=options)
-    compiled.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
-    return compiled
 
 
 @functools.cache
@@ -127,10 +117,40 @@ def input_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_arg_dims: di
                           "shape": [None if d in dynamic else n for d, n in enumerate(value.shape)],
                           "contiguous": value.is_contiguous()}
         else:
-            constant = caching.constant_value(value)
+            constant = cache_keys.constant_value(value)
             spec[name] = {"value": type(value).__name__ if constant is None else constant}
-    model._input_checks = _compile_checks(model, spec)
     return spec
+
+
+@contextlib.contextmanager
+def compile_patches(model: nn.Module) -> Iterator[None]:
+    """What the first compile runs under (vLLM's decorators.py; seed §11): (1) every file Dynamo
+    reads joins compilation_config.traced_files, the forward's own and each function Dynamo
+    inlines (InliningInstructionTranslator.inline_call_, patched); (2) the config patches: no
+    C++ symbolic-shape guards (they are dropped anyway, so compiling them is wasted time),
+    backed_size_oblivious for BACKED_SIZE_OBLIVIOUS shapes, and Inductor's 32-bit indexing when
+    dynamic_shapes_config.assume_32_bit_indexing asks for it (each where this torch has it)."""
+    traced = model.compilation_config.traced_files
+    traced.add(model.original_code_object().co_filename)
+    inline_call = InliningInstructionTranslator.inline_call_
+
+    def patched_inline_call(tracer):  # every function Dynamo inlines passes through here
+        traced.add(tracer.f_code.co_filename)
+        return inline_call(tracer)
+
+    ds = model.compilation_config.dynamic_shapes_config
+    supported = _compile_patches_supported()
+    dynamo_patches = {"enable_cpp_symbolic_shape_guards": False} \
+        if supported["enable_cpp_symbolic_shape_guards"] else {}
+    fx_patches = {"backed_size_oblivious": True} \
+        if ds.type == DynamicShapesType.BACKED_SIZE_OBLIVIOUS else {}
+    inductor_patches = {"assume_32bit_indexing": True} \
+        if ds.assume_32_bit_indexing and supported["assume_32bit_indexing"] else {}
+    with (patch.object(InliningInstructionTranslator, "inline_call_", patched_inline_call),
+          torch._dynamo.config.patch(**dynamo_patches),
+          torch.fx.experimental._config.patch(**fx_patches),
+          torch._inductor.config.patch(**inductor_patches)):
+        yield
 
 
 def _compile_checks(model: nn.Module, spec: dict[str, dict]) -> tuple:
@@ -196,6 +216,12 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             config.mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE)
             or getattr(type(self), IGNORE_COMPILE_KEY, False)
             or (enable_if is not None and not enable_if(config)))
+        # eager with layerwise tracing (and no CUDA graphs): the model is called as a module, so
+        # the forward hooks a profiler registers on it run (as vLLM's since 0.33); otherwise a
+        # decorated model's calls go straight to forward
+        self._call_module_hooks = (config.mode == CompilationMode.NONE
+                                   and config.enable_layerwise_nvtx_tracing
+                                   and config.cudagraph_mode == CUDAGraphMode.NONE)
         if self.do_not_compile:
             return
         compilation_counter.num_models_seen += 1
@@ -227,6 +253,8 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # is_compiling(): we are being traced by an outer compile; just be traced (§13)
         if self.do_not_compile or torch.compiler.is_compiling():
+            if self._call_module_hooks and not torch.compiler.is_compiling():
+                return nn.Module.__call__(self, *args, **kwargs)
             return self.forward(*args, **kwargs)
         if self.aot_compiled_fn is not None:  # loaded or AOT-compiled: no Dynamo, no hook
             check_inputs(self, args, kwargs)
@@ -234,41 +262,24 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         if self.compiled:
             check_inputs(self, args, kwargs)
             return TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
-        # what this one trace will fit: part of the cache key, and checked at every later call
+        # what this one trace will fit: part of the cache key (the backend asks for model_factors
+        # when Dynamo hands it the graph), and checked at every later call
         self.input_spec = input_spec(self, args, kwargs, dynamic_arg_dims, mark_unbacked_dims)
-        self.model_factors = caching.model_factors(self, self.input_spec)
-        if hasattr(self.backend, "model_factors"):
-            self.backend.model_factors = self.model_factors
-        use_aot = aot.use_aot_compile(self.compilation_config)
-        if use_aot and aot.try_load(self):
-            return self.aot_compiled_fn(self, *args, **kwargs)
-        # the first call: mark dynamic dims, record traced files, apply the compile patches
+        self._input_checks = _compile_checks(self, self.input_spec)
+        self.model_factors = cache_keys.model_factors(self, self.input_spec)
+        use_aot = caching.use_aot_compile(self.compilation_config)
+        if use_aot:
+            loaded = aot._try_load_aot_compiled_fn(self)
+            if loaded is not None:
+                self.aot_compiled_fn, self.compiled = loaded, True
+                return self.aot_compiled_fn(self, *args, **kwargs)
+        # the first call: mark the dynamic dims, then compile under the compile patches
         mark_dynamic_inputs(self, args, kwargs)
-        start_monitoring_torch_compile()
-        traced = self.compilation_config.traced_files
-        traced.add(self.original_code_object().co_filename)
-        inline_call = InliningInstructionTranslator.inline_call_
-
-        def patched_inline_call(tracer):  # every function Dynamo inlines passes through here
-            traced.add(tracer.f_code.co_filename)
-            return inline_call(tracer)
-
-        ds = self.compilation_config.dynamic_shapes_config
-        supported = _compile_patches_supported()
-        dynamo_patches = {"enable_cpp_symbolic_shape_guards": False} \
-            if supported["enable_cpp_symbolic_shape_guards"] else {}
-        fx_patches = {"backed_size_oblivious": True} \
-            if ds.type == DynamicShapesType.BACKED_SIZE_OBLIVIOUS else {}
-        inductor_patches = {"assume_32bit_indexing": True} \
-            if ds.assume_32_bit_indexing and supported["assume_32bit_indexing"] else {}
-        with (patch.object(InliningInstructionTranslator, "inline_call_", patched_inline_call),
-              torch._dynamo.config.patch(**dynamo_patches),
-              torch.fx.experimental._config.patch(**fx_patches),
-              torch._inductor.config.patch(**inductor_patches)):
+        with monitor_torch_compile(self.compilation_config), compile_patches(self):
             if use_aot:  # §10/§11: compile ahead of time, save, then run the compiled function
                 self.aot_compiled_fn = self.aot_compile(*args, **kwargs)
                 compilation_counter.num_aot_compiles += 1
-                if not ds.evaluate_guards:
+                if not self.compilation_config.dynamic_shapes_config.evaluate_guards:
                     # as after a load: the guards were filtered away, so checking what is left
                     # only binds the call's arguments again, every call (~20 us here). vLLM
                     # leaves the check on for a fresh compile and turns it off for a loaded one.
@@ -276,7 +287,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
                 # vLLM saves here, before the first run: every piece is compiled by now (the
                 # backend compiles all sizes and ranges up front), and a crash in the warm-up run
                 # still leaves the next start something to load
-                aot.save(self)
+                aot.save_aot_compiled_function(self)
                 output = self.aot_compiled_fn(self, *args, **kwargs)
             else:
                 output = TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)

@@ -1,7 +1,9 @@
-"""Compile-time monitoring: how long Dynamo took, and whether Dynamo is entered at all on a call.
+"""Compile-time monitoring (vLLM's compilation/monitor.py): how long Dynamo and the whole compile
+took, and the switch that allows CUDA-graph capture.
 
 vLLM logs "Dynamo bytecode transform time: %.2f s" from the start of the first compiled call to the
 moment Dynamo hands the graph to the backend (seed §14): the trace alone, before any Inductor work.
+Whether a call enters Dynamo at all is measured by viz.count_dynamo_entries (notebook 04).
 """
 
 from __future__ import annotations
@@ -9,55 +11,54 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
+from minivllm_compile.config import CompilationConfig, CompilationMode
 
 logger = logging.getLogger("minivllm_compile")
 
 torch_compile_start_time: float = 0.0
 
 
-def start_monitoring_torch_compile() -> None:
+@contextmanager
+def monitor_torch_compile(compilation_config: CompilationConfig,
+                          message: str = "%storch.compile took %.2f s in total",
+                          tag: str = "") -> Iterator[None]:
+    """Time a compile (vLLM's, in compilation/monitor.py): the start time the backend's Dynamo
+    log line measures from, and on success one line with the whole compile's time (VLLM_COMPILE
+    only, as in vLLM). A failed compile logs nothing here: its exception says enough."""
     global torch_compile_start_time
     torch_compile_start_time = time.perf_counter()
+    yield
+    if compilation_config.mode == CompilationMode.VLLM_COMPILE:
+        elapsed = time.perf_counter() - torch_compile_start_time
+        logger.info(message, f"[{tag}] " if tag else "", elapsed)
 
 
 def dynamo_transform_time() -> float:
-    """Seconds since start_monitoring_torch_compile; the backend calls it when Dynamo hands over."""
+    """Seconds since monitor_torch_compile began; the backend calls it when Dynamo hands over."""
     elapsed = time.perf_counter() - torch_compile_start_time
     logger.info("Dynamo bytecode transform time: %.2f s", elapsed)
     return elapsed
 
 
-@dataclass
-class DynamoEntries:
-    count: int = 0
 
 
-@contextmanager
-def count_dynamo_entries() -> Iterator[DynamoEntries]:
-    """Count how often a call installs Dynamo's frame-evaluation callback.
+# vLLM's switch for CUDA-graph capture (compilation/monitor.py): the model runner turns it on around
+# its capture at start-up and off after; a wrapper asked to capture while it is off refuses, since a
+# capture while serving is a request waiting for it (and, on CUDA, a stall). vLLM starts with it on
+# and turns it off after the first capture; here it starts off, so a capture before
+# LM.capture_model is refused too.
+cudagraph_capturing_enabled: bool = False
 
-    Every call through a torch.compile'd function does (even when its guards are all dropped and the
-    cache hits at once); a call dispatched by the bytecode hook straight to the transformed code
-    never does. Counted at torch._dynamo.eval_frame._callback_from_stance, the one function every
-    entry goes through in torch 2.11-2.14.
-    """
-    import torch._dynamo.eval_frame as eval_frame
 
-    entries = DynamoEntries()
-    original = eval_frame._callback_from_stance
+def validate_cudagraph_capturing_enabled() -> None:
+    if not cudagraph_capturing_enabled:
+        raise RuntimeError("CUDA graph capturing detected at an inappropriate time: capture is "
+                           "only allowed at start-up (LM.capture_model turns it on with "
+                           "set_cudagraph_capturing_enabled(True), and off after)")
 
-    def counting(callback):
-        # callback None/False is torch._dynamo.disable's context (the transformed code calls the
-        # compiled graph through one): that turns frame evaluation off, it does not enter it
-        if callback not in (None, False):
-            entries.count += 1
-        return original(callback)
 
-    eval_frame._callback_from_stance = counting
-    try:
-        yield entries
-    finally:
-        eval_frame._callback_from_stance = original
+def set_cudagraph_capturing_enabled(enabled: bool) -> None:
+    global cudagraph_capturing_enabled
+    cudagraph_capturing_enabled = enabled

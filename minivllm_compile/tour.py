@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter
+from minivllm_compile import CompilationConfig, CompilationMode, cache_files, compilation_counter
 from minivllm_compile.envs import default_device
 from minivllm_compile.models import load_model
 
@@ -74,7 +74,7 @@ def compiled_tour(device: str) -> None:
           + (f"loaded the saved AOT artifact in {dt:.1f} s (no trace, no compile)" if loaded else
              f"traced once, split into {pieces} pieces, {compiles} Inductor compiles in {dt:.1f} s"))
     same = lm.generate(PROMPTS, max_new_tokens=48) == eager.generate(PROMPTS, max_new_tokens=48)
-    print(f"greedy text identical to eager: {same}; compile cache: {caching.cache_root()}")
+    print(f"greedy text identical to eager: {same}; compile cache: {cache_files.cache_root()}")
     if not same:
         raise SystemExit("compiled and eager text differ")
 

@@ -29,7 +29,8 @@ import torch
 import torch._C._dynamo.guards
 
 from minivllm_compile import envs
-from minivllm_compile.config import CompilationMode, CUDAGraphMode, DynamicShapesType
+from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
+                                     DynamicShapesType)
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import dynamo_transform_time
 
@@ -92,13 +93,41 @@ class WholeGraphBackend:
         return compile_fx(gm, example_inputs, config_patches=self.inductor_config)
 
 
+def compile_model_with_stock_torch(module: torch.nn.Module,
+                                   compilation_config: CompilationConfig) -> Callable:
+    """STOCK_TORCH_COMPILE, done by the caller as vLLM's model runner does: plain torch.compile of
+    the whole forward, guards kept (a user's guard_filter_fn too), recompiling on new shapes.
+    Returns the compiled forward for the caller to call (vLLM compiles the model in place with
+    model.compile(); a decorated model's own __call__ here would step around that), and passes
+    the config's Inductor settings and guard filter, which vLLM's leaves out."""
+    compilation_counter.stock_torch_compile_count += 1
+    cfg, guard_filter = compilation_config.inductor_config_and_guard_filter()
+    options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
+    backend = WholeGraphBackend(compilation_config.backend, cfg)
+    compiled = torch.compile(module.forward, fullgraph=True, backend=backend, options=options)
+    compiled.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
+    return compiled
+
+
+
 class TorchCompileWithNoGuardsWrapper:
+    """torch.compile of self.forward, its guards dropped, except under STOCK_TORCH_COMPILE: there,
+    as in vLLM, the wrapper keeps Dynamo's guards (a guard_filter_fn in inductor_compile_config is
+    the only filter) and a guarded function recompiles as stock torch.compile would, with no
+    bytecode hook. The decorator never builds one in STOCK_TORCH_COMPILE (the caller compiles);
+    a class of one's own may (vLLM's tests/compile/test_wrapper.py)."""
+
+    model_factors: dict | None = None  # set by support_torch_compile at the model's first call
+
     def __init__(self) -> None:
         cc = self.compilation_config
         mode, ds = cc.mode, cc.dynamic_shapes_config
-        hook = envs.VLLM_USE_BYTECODE_HOOK
-        if mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
-            raise RuntimeError(f"{mode.name} does not use TorchCompileWithNoGuardsWrapper")
+        stock = mode == CompilationMode.STOCK_TORCH_COMPILE
+        hook = envs.VLLM_USE_BYTECODE_HOOK and not stock
+        if mode == CompilationMode.NONE:
+            raise RuntimeError("CompilationMode.NONE compiles nothing: "
+                               "TorchCompileWithNoGuardsWrapper needs STOCK_TORCH_COMPILE, "
+                               "DYNAMO_TRACE_ONCE or VLLM_COMPILE")
         # settings that cannot work together fail here, at construction, saying what to change
         if ds.evaluate_guards and hook:
             raise ValueError("dynamic_shapes_config.evaluate_guards=True needs VLLM_USE_BYTECODE_HOOK=0: "
@@ -109,22 +138,28 @@ class TorchCompileWithNoGuardsWrapper:
         self.first_compile = True
         self.guard_table: list[GuardRow] = []
         self._compiled_bytecode: CodeType | None = None
-        # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here
-        guard_filter = _keep_shape_env_guards if ds.evaluate_guards else torch.compiler.skip_all_guards_unsafe
-        inductor_config, _ = cc.inductor_config_and_guard_filter()
-        if mode == CompilationMode.VLLM_COMPILE:
+        # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here,
+        # but in STOCK_TORCH_COMPILE, which keeps the guards
+        inductor_config, user_filter = cc.inductor_config_and_guard_filter()
+        guard_filter = user_filter if stock else \
+            _keep_shape_env_guards if ds.evaluate_guards else torch.compiler.skip_all_guards_unsafe
+        if stock:
+            self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)  # recompiles
+        elif mode == CompilationMode.VLLM_COMPILE:
             from minivllm_compile.backends import VllmBackend
 
-            self.backend = backend = VllmBackend(cc)
+            # the decorated model's cache-key factors, known at its first call (None: a bare one)
+            self.backend = backend = VllmBackend(cc, model_factors=lambda: self.model_factors)
         else:
             self.backend = backend = WholeGraphBackend(cc.backend, inductor_config, trace_once=True)
         if envs.VLLM_USE_AOT_COMPILE:
             # as vLLM does: torch.compile(...) only grows .aot_compile under this flag, which torch
             # 2.11 leaves off (2.13 turns it on by default)
             torch._dynamo.config.enable_aot_compile = True
+        options = None if guard_filter is None else \
+            {"guard_filter_fn": self._recording(guard_filter)}
         self._compiled_callable = torch.compile(
-            self.forward, fullgraph=True, dynamic=False, backend=backend,
-            options={"guard_filter_fn": self._recording(guard_filter)})
+            self.forward, fullgraph=True, dynamic=False, backend=backend, options=options)
         if hook:
             # a weak reference, so a registered hook does not keep every model ever built alive
             ref = weakref.ref(self)
@@ -163,6 +198,8 @@ class TorchCompileWithNoGuardsWrapper:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if envs.VLLM_USE_BYTECODE_HOOK:
+            if self.compilation_config.mode == CompilationMode.STOCK_TORCH_COMPILE:
+                return self._compiled_callable(*args, **kwargs)  # guarded: Dynamo checks every call
             if self._compiled_bytecode is None:
                 # several instances share forward's code object: drop Dynamo's cache entry for it so
                 # this instance gets its own trace, and so its own hook call

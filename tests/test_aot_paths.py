@@ -23,10 +23,10 @@ import json, os, sys, torch
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
 from minivllm_compile.models import build_model
 if os.environ.get("READ_ONLY_CACHE") == "1":  # a cache this process may read but not write
-    from minivllm_compile import cache_files, caching
+    from minivllm_compile import cache_files
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))
-    cache_files.atomic_write = caching.atomic_write = refuse
+    cache_files.atomic_write = refuse
 cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, compile_sizes=[4])
 lm = build_model("llama", num_layers=int(os.environ.get("LAYERS", "1")), compilation_config=cc)
 out = lm(torch.arange(7), torch.arange(7))

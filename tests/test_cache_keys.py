@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm_compile import CompilationConfig, caching
+from minivllm_compile import CompilationConfig, cache_keys
 
 CHILD = r"""
 import json, sys, torch
@@ -314,14 +314,15 @@ def test_the_key_covers_every_factor():
     from minivllm_compile.models import build_model
 
     lm = build_model("llama", num_layers=1)
-    base = caching.aot_cache_key(lm.model, CompilationConfig())
+    base = cache_keys.aot_cache_key(lm.model, CompilationConfig())
     assert {"config", "envs", "torch", "inductor_config", "compiler", "passes", "model", "constants",
             "inputs", "tag"} <= set(base[1])
     eps = build_model("llama", num_layers=1, rms_norm_eps=0.1)
-    assert caching.aot_cache_key(eps.model, CompilationConfig())[0] != base[0]
-    assert caching.model_constants(eps.model)["norm.eps"] == repr(0.1)
+    assert cache_keys.aot_cache_key(eps.model, CompilationConfig())[0] != base[0]
+    assert cache_keys.model_constants(eps.model)["norm.eps"] == repr(0.1)
     inputs = {"input_ids": {"dtype": "torch.int32"}}
-    with_inputs = caching.aot_cache_key(lm.model, CompilationConfig(), caching.model_factors(lm.model, inputs))
+    factors = cache_keys.model_factors(lm.model, inputs)
+    with_inputs = cache_keys.aot_cache_key(lm.model, CompilationConfig(), factors)
     assert with_inputs[0] != base[0]
     from minivllm_compile.backends import VllmBackend, set_model_tag
 
@@ -330,3 +331,38 @@ def test_the_key_covers_every_factor():
     assert VllmBackend(CompilationConfig()).prefix == "backbone"
     with pytest.raises(ValueError, match="current tag"), set_model_tag("backbone"):
         pass
+
+
+def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_path):
+    """compiler_source_hash hashes the compiler's modules only: editing a view, an exercise, a model
+    or a measuring tool keeps every user's cache; editing a backend or a pass does not. The
+    display-only helpers live on the display side of that boundary."""
+    from minivllm_compile import cache_files
+    from minivllm_compile.viz import (count_dynamo_entries, describe_cache,
+                                      triton_source_codegen_only)
+
+    package = Path(cache_files.__file__).resolve().parent
+    for helper in (count_dynamo_entries, describe_cache, triton_source_codegen_only):
+        first = Path(sys.modules[helper.__module__].__file__).relative_to(package).parts[0]
+        assert first in cache_files.NOT_COMPILER, (helper.__name__, first)
+    copy = tmp_path / "minivllm_compile"
+    for f in package.rglob("*.py"):
+        (copy / f.relative_to(package)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / f.relative_to(package)).write_text(f.read_text())
+
+    def hash_after(edit: str) -> str:
+        path = copy / edit
+        saved = path.read_text()
+        path.write_text(saved + "\n# edited\n")
+        try:
+            return cache_files.source_hash(cache_files.compiler_files(copy), copy)
+        finally:
+            path.write_text(saved)
+
+    base = cache_files.source_hash(cache_files.compiler_files(copy), copy)
+    for display_only in ("viz/cache.py", "viz/kernels.py", "viz/dynamo_entries.py",
+                         "exercises/nb04.py", "models/lm.py", "bench.py", "startup.py", "tour.py"):
+        assert hash_after(display_only) == base, display_only
+    for compiler in ("backends.py", "caching.py", "cache_keys.py", "monitor.py",
+                     "passes/pass_manager.py"):
+        assert hash_after(compiler) != base, compiler

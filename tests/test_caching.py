@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, caching, compilation_counter, cpu_isa
+from minivllm_compile import (CompilationConfig, CompilationMode, cache_keys, compilation_counter,
+                              cpu_isa)
 from minivllm_compile.models import build_model
+from minivllm_compile.viz.cache import describe_cache
 
 CHILD = r"""
 import json, sys, torch
@@ -92,7 +94,7 @@ def test_the_compile_fx_adaptor_keeps_inductors_own_cache_in_the_compile_cache(t
     assert (rank / "inductor_cache" / "fxgraph").is_dir() and (rank / "triton_cache").is_dir()
     assert not list(elsewhere.rglob("*"))  # nothing went to where the variable pointed before
     assert not (root / "torch_compile_cache" / "torch_aot_compile").exists()
-    tree = caching.describe(root / "torch_compile_cache")  # Inductor's cache is one line there
+    tree = describe_cache(root / "torch_compile_cache")  # Inductor's cache is one line there
     assert "inductor_cache/" in tree and "fxgraph" not in tree and "files: Inductor's FX graph cache" in tree
 
     proc, second = run_child(root, tmp_path / "out2.pt", env=env)
@@ -140,7 +142,7 @@ def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
     assert any(p.endswith("models/llama.py") for p in factors["traced_files"])
     # the mega artifact: the pieces are inside the AOT file (the other layout: tests/test_aot_paths.py)
     assert not list(d.glob("artifact_*")) and not (d / "vllm_compile_cache.py").exists()
-    text = caching.describe(root / "torch_compile_cache")
+    text = describe_cache(root / "torch_compile_cache")
     assert "cache_key_factors.json" in text and "traced_files: " in text and "model" in text
 
 
@@ -348,10 +350,12 @@ def test_the_aot_artifact_is_saved_before_the_first_run(tmp_path, monkeypatch):
         def __getattr__(self, name):
             return getattr(self.fn, name)
 
-    real_compile, real_save = TorchCompileWithNoGuardsWrapper.aot_compile, aot.save
+    real_compile = TorchCompileWithNoGuardsWrapper.aot_compile
+    real_save = aot.save_aot_compiled_function
     monkeypatch.setattr(TorchCompileWithNoGuardsWrapper, "aot_compile",
                         lambda self, *a, **k: FailingFirstRun(real_compile(self, *a, **k)))
-    monkeypatch.setattr(aot, "save", lambda model: (events.append("save"), real_save(model)))
+    monkeypatch.setattr(aot, "save_aot_compiled_function",
+                        lambda model: (events.append("save"), real_save(model)))
     lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
     with pytest.raises(RuntimeError, match="warm-up run failed"):
         lm(torch.arange(5), torch.arange(5))
@@ -385,7 +389,7 @@ def test_an_unwritable_cache_degrades_to_memory(tmp_path, monkeypatch, caplog):
 
 def test_which_config_fields_change_the_key():
     lm = build_model("llama", num_layers=1)
-    key = lambda **kw: caching.aot_cache_key(lm.model, CompilationConfig(**kw))[0]  # noqa: E731
+    key = lambda **kw: cache_keys.aot_cache_key(lm.model, CompilationConfig(**kw))[0]  # noqa: E731
     base = key()
     for field in ("debug_dump_path", "cache_dir"):  # documented as not mattering
         assert key(**{field: "/tmp/elsewhere"}) == base
@@ -396,11 +400,12 @@ def test_which_config_fields_change_the_key():
     assert key(mode=CompilationMode.DYNAMO_TRACE_ONCE) != base
     assert key(splitting_ops=["minivllm::short_conv"]) != base
     other = build_model("llama", num_layers=1, hidden_size=64, intermediate_size=96)
-    assert caching.aot_cache_key(other.model, CompilationConfig())[0] != base  # other weights' shapes
+    # other weights' shapes
+    assert cache_keys.aot_cache_key(other.model, CompilationConfig())[0] != base
     # the same model on another device: other kernels (vLLM hashes its DeviceConfig)
-    assert caching.aot_cache_key(lm.model.to("meta"), CompilationConfig())[0] != base
+    assert cache_keys.aot_cache_key(lm.model.to("meta"), CompilationConfig())[0] != base
     cc = CompilationConfig()
-    assert caching.backend_cache_key(cc, "cpu")[0] != caching.backend_cache_key(cc, "cuda")[0]
+    assert cache_keys.backend_cache_key(cc, "cpu")[0] != cache_keys.backend_cache_key(cc, "cuda")[0]
 
 
 def test_unpacked_artifacts_hold_readable_code(tmp_path, monkeypatch):
@@ -411,3 +416,30 @@ def test_unpacked_artifacts_hold_readable_code(tmp_path, monkeypatch):
     build_model("llama", num_layers=1, compilation_config=cc)(torch.arange(5), torch.arange(5))
     sources = [p for p in tmp_path.rglob("*.py") if "artifact_compile_range" in str(p)]
     assert sources and any("def call(" in p.read_text() for p in sources)
+
+
+def test_the_serializable_function_exposes_the_traces_shape_env():
+    """As vLLM's VllmSerializableFunction.shape_env: the ShapeEnv of the trace, from its first
+    SymInt input, where num_tokens' symbol and its range live."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from minivllm_compile.backends import VllmBackend
+
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager", compile_sizes=[],
+                           max_num_batched_tokens=16)
+    backend, made = VllmBackend(cc), []
+
+    def keep(gm, example_inputs):
+        made.append(backend(gm, example_inputs))
+        made.append(example_inputs)
+        return made[0]
+
+    x = torch.randn(6, 4)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    torch.compile(lambda t: t * 2, backend=keep, fullgraph=True)(x)
+    torch._dynamo.reset()
+    fn, inputs = made
+    (sym,) = [i for i in inputs if isinstance(i, torch.SymInt)]
+    assert isinstance(fn.shape_env, ShapeEnv) and fn.shape_env is sym.node.shape_env
+    assert sym.node.expr in fn.shape_env.var_to_range

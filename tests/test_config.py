@@ -119,6 +119,17 @@ def test_counter_expect_checks_deltas():
             pass
 
 
+@pytest.mark.parametrize("ops, phrase", [
+    (["+layernorm"], "Invalid syntax '\\+layernorm' for custom op"),
+    (["all", "none"], "can contain only one base mode"),
+    (["none", "+rms_norm", "-rms_norm"], r"cannot both enable and disable the same operation\(s\)"),
+])
+def test_custom_ops_errors_carry_vllms_phrases(ops, phrase):
+    """Clearer wording here, and vLLM's own phrase too: a search for vLLM's message finds it."""
+    with pytest.raises(ValueError, match=phrase):
+        CompilationConfig(custom_ops=ops)
+
+
 def test_unbacked_with_evaluate_guards_is_refused():
     with pytest.raises(ValueError, match="unbacked symbols add no shape guards"):
         DynamicShapesConfig(type=DynamicShapesType.UNBACKED, evaluate_guards=True)
@@ -204,3 +215,19 @@ def test_a_range_gated_pass_adds_its_endpoint():
     assert cc.compute_hash() != CompilationConfig(max_num_batched_tokens=32, compile_ranges_endpoints=[16]).compute_hash()
     with pytest.raises(ValueError, match="qk_norm_rope_fusion_max_token_num must be a positive int or None"):
         PassConfig(qk_norm_rope_fusion_max_token_num=0)
+
+
+def test_v1_auto_functionalization_is_set_by_the_config_in_every_mode():
+    """As vLLM's CompilationConfig.__post_init__ sets enable_auto_functionalized_v2=False (the
+    passes read v1 nodes): so DYNAMO_TRACE_ONCE's whole-graph Inductor compile gets it too, not only the
+    backend's; a value the user gives wins."""
+    from minivllm_compile.models import build_model
+
+    for mode in CompilationMode:
+        config = CompilationConfig(mode=mode).inductor_compile_config
+        assert config["enable_auto_functionalized_v2"] is False
+    once = build_model("llama", num_layers=1, compilation_config=CompilationConfig(
+        mode=CompilationMode.DYNAMO_TRACE_ONCE, max_num_batched_tokens=16))
+    assert once.model.backend.inductor_config["enable_auto_functionalized_v2"] is False
+    kept = CompilationConfig(inductor_compile_config={"enable_auto_functionalized_v2": True})
+    assert kept.inductor_compile_config["enable_auto_functionalized_v2"] is True

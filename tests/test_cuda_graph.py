@@ -1,6 +1,8 @@
 """CUDA-graph modes (cuda_graph.py, config.CUDAGraphMode). On a CPU every graph is the
 StaticBufferReplay stand-in, which keeps a graph's contract: static inputs, static outputs."""
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -8,15 +10,26 @@ from torch import nn
 from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode, compilation_counter
 from minivllm_compile import support_torch_compile
 from minivllm_compile.config import AttentionCGSupport
-from minivllm_compile.cuda_graph import (BatchDescriptor, CUDAGraphWrapper, CudagraphDispatcher, StaticBufferReplay,
-                                         capture_phase)
+from minivllm_compile.cuda_graph import (BatchDescriptor, CUDAGraphWrapper, CudagraphDispatcher,
+                                         StaticBufferReplay)
 from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
+from minivllm_compile.monitor import set_cudagraph_capturing_enabled
 
 VLLM = CompilationMode.VLLM_COMPILE
 # padding changes the matmuls' shapes, so the sums may associate differently: float32 rounding only
 TOL = dict(atol=1e-5, rtol=1e-5)
 SIZES = [1, 2, 4, 8, 16]
+
+
+@contextlib.contextmanager
+def capturing():
+    """As the model runner does around its capture at start-up."""
+    set_cudagraph_capturing_enabled(True)
+    try:
+        yield
+    finally:
+        set_cudagraph_capturing_enabled(False)
 
 
 def cfg(cg_mode="PIECEWISE", **kw):
@@ -159,7 +172,7 @@ def _step(w, x, desc=D4):
 
 def test_a_kept_output_is_overwritten_by_the_next_replay():
     w, x = _wrapper(), torch.ones(4)
-    with capture_phase():
+    with capturing():
         first = _step(w, x)
     assert isinstance(w.concrete_cudagraph_entries[BatchDescriptor(4, 4)].cudagraph, StaticBufferReplay)
     kept = first
@@ -170,7 +183,7 @@ def test_a_kept_output_is_overwritten_by_the_next_replay():
 
 def test_without_copy_inputs_a_fresh_input_tensor_is_not_seen():
     w, x = _wrapper(copy_inputs=False), torch.ones(4)
-    with capture_phase():
+    with capturing():
         _step(w, x)
     out = _step(w, torch.full((4,), 3.0))  # a new tensor: the graph still reads the captured one
     assert torch.equal(out, torch.full((4,), 2.0))
@@ -178,7 +191,7 @@ def test_without_copy_inputs_a_fresh_input_tensor_is_not_seen():
 
 def test_with_copy_inputs_a_fresh_input_tensor_is_copied_in():
     w, x = _wrapper(copy_inputs=True), torch.ones(4)
-    with capture_phase():
+    with capturing():
         _step(w, x)
     assert torch.equal(_step(w, torch.full((4,), 3.0)), torch.full((4,), 6.0))
 
@@ -227,7 +240,7 @@ def test_buffer_mutation_is_allowed_without_cuda_graphs():
 def test_real_cuda_graph_capture_and_replay():
     w = CUDAGraphWrapper(lambda x: x * 2, cfg("FULL"), CUDAGraphMode.FULL)
     x = torch.ones(4, device="cuda")
-    with capture_phase():
+    with capturing():
         out = _step(w, x)
     assert isinstance(w.concrete_cudagraph_entries[BatchDescriptor(4, 4)].cudagraph, torch.cuda.CUDAGraph)
     x.fill_(5)

@@ -4,7 +4,7 @@ inductor_compile_config["post_grad_custom_post_pass"], merged into the pass mana
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, caching
+from minivllm_compile import CompilationConfig, CompilationMode, cache_keys
 from minivllm_compile.models import build_model
 from minivllm_compile.passes.example_user_pass import SiluAndMulToNativePass
 
@@ -43,5 +43,6 @@ def test_the_pass_unwraps_every_silu_and_mul_and_changes_no_output():
 def test_the_pass_is_in_the_key_by_its_source():
     with_pass = CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": SiluAndMulToNativePass()})
     again = CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": SiluAndMulToNativePass()})
-    assert caching.passes_uuid(with_pass) == caching.passes_uuid(again)  # a new instance, the same pass
-    assert caching.passes_uuid(with_pass) != caching.passes_uuid(CompilationConfig())
+    # a new instance, the same pass
+    assert cache_keys.passes_uuid(with_pass) == cache_keys.passes_uuid(again)
+    assert cache_keys.passes_uuid(with_pass) != cache_keys.passes_uuid(CompilationConfig())

@@ -11,8 +11,8 @@ PACKAGE = Path(minivllm_compile.__file__).parent
 
 # bottom first; a module may import only those before it
 ORDER = ["config", "envs", "counter", "monitor", "cache_files", "cpu_isa", "compiler_interface",
-         "cuda_graph", "piecewise_backend", "passes", "caching", "partition_rules", "backends", "aot", "wrapper",
-         "decorators"]
+         "cuda_graph", "piecewise_backend", "passes", "cache_keys", "caching", "partition_rules",
+         "backends", "aot", "wrapper", "decorators"]
 
 
 def imported(path: Path) -> set[str]:

@@ -58,3 +58,36 @@ def test_profiler_sees_tells_which_custom_op_calls_a_profile_shows():
 
     python_dispatched = getattr(torch.ops.minivllm_test.seen.default, "_pyobj_dispatcher", None) is not None
     assert profiler_sees(torch.ops.minivllm_test.seen.default, x) is not python_dispatched
+
+
+def test_eager_layerwise_tracing_invokes_the_decorated_models_hooks():
+    """vLLM's test_decorator (test_eager_layerwise_nvtx_invokes_module_hooks and
+    test_non_eager_layerwise_nvtx_skips_module_hooks): with layerwise tracing on, mode NONE and no
+    CUDA graphs, a decorated model is called as a module, so its forward hooks run; otherwise its
+    calls go straight to forward, hooks skipped."""
+    from torch import nn
+
+    from minivllm_compile import CUDAGraphMode, support_torch_compile
+
+    @support_torch_compile
+    class Probe(nn.Module):
+        def __init__(self, *, compilation_config=None):
+            super().__init__()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    def calls(**kw) -> int:
+        model = Probe(compilation_config=CompilationConfig(**kw)).eval()
+        seen = []
+        model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(args),
+                                        with_kwargs=True)
+        assert torch.equal(model(torch.tensor([1.0])), torch.tensor([2.0]))
+        return len(seen)
+
+    assert calls(mode=CompilationMode.NONE, enable_layerwise_nvtx_tracing=True) == 1
+    assert calls(mode=CompilationMode.NONE) == 0
+    assert calls(mode=CompilationMode.STOCK_TORCH_COMPILE, enable_layerwise_nvtx_tracing=True) == 0
+    assert calls(mode=CompilationMode.NONE, enable_layerwise_nvtx_tracing=True,
+                 cudagraph_mode=CUDAGraphMode.FULL, cudagraph_capture_sizes=[1],
+                 max_num_batched_tokens=8) == 0

@@ -54,8 +54,8 @@ def test_a_warm_start_does_not_import_the_pattern_matcher():
     import subprocess
     import sys
 
-    code = ("import sys; from minivllm_compile import CompilationConfig, caching; "
-            "caching.passes_uuid(CompilationConfig()); "
+    code = ("import sys; from minivllm_compile import CompilationConfig, cache_keys; "
+            "cache_keys.passes_uuid(CompilationConfig()); "
             "print('torch._inductor.pattern_matcher' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

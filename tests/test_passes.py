@@ -34,6 +34,8 @@ from minivllm_compile.passes import (
     NoOpEliminationPass,
     PostGradPassManager,
     VllmInductorPass,
+    get_pass_context,
+    pass_context,
 )
 
 N = 9
@@ -67,7 +69,6 @@ def _run(lm, fn, ids, pos):
 def _manager(**pass_config) -> PostGradPassManager:
     mgr = PostGradPassManager()
     mgr.configure(PassConfig(**pass_config))
-    mgr.set_compile_range(Range(N, N))
     return mgr
 
 
@@ -321,24 +322,24 @@ def _tiny_gm() -> fx.GraphModule:
 def test_manager_order_records_and_range_filter():
     mgr = _manager()
     mgr.add(_CountNodes())
-    mgr.add(lambda graph: None)  # a plain function: wrapped in CallableInductorPass
+    mgr.add(CallableInductorPass(lambda graph: None))  # a plain function, wrapped explicitly
     mgr.add(_SingleSizeOnly())
     assert [type(p).__name__ for p in mgr.all_passes()] == [
         "NoOpEliminationPass", "_CountNodes", "CallableInductorPass", "_SingleSizeOnly",
         "FixFunctionalizationPass"]
-    mgr.set_compile_range(Range(1, 8))
     gm = _tiny_gm()
-    mgr(gm.graph)
+    with pass_context(Range(1, 8)):  # as CompilerManager.compile_context sets it around a compile
+        mgr(gm.graph)
     names = [name for name, _ in mgr.records]
     assert names[:2] == ["post_grad.0.NoOpEliminationPass.before", "post_grad.0.NoOpEliminationPass.after"]
     # a plain InductorPass is recorded by the manager; the range filter skipped _SingleSizeOnly
     assert "post_grad.2.CallableInductorPass.after" in names
     assert not any("_SingleSizeOnly" in n for n in names) and not hasattr(gm, "ran")
     assert "view" in mgr.records[0][1] and "view" not in mgr.records[1][1]  # NoOp did its job
-    mgr.set_compile_range(Range(4, 4))
-    mgr(gm.graph)
+    with pass_context(Range(4, 4)):
+        mgr(gm.graph)
     assert gm.ran
-    with pytest.raises(TypeError, match="neither a CustomGraphPass"):
+    with pytest.raises(TypeError, match="takes an InductorPass.*give an InductorPass"):
         mgr.add(42)
     assert [type(p).__name__ for p in _manager(eliminate_noops=False, enable_fix_functionalization=False)
             .all_passes()] == []
@@ -349,9 +350,8 @@ def test_manager_uuid_depends_on_pass_config_compile_range_and_passes():
     assert base == _manager().uuid()  # deterministic, so Inductor's cache can hit
     assert _manager(enable_fix_functionalization=False).uuid() != base
     assert _manager(eliminate_noops=False).uuid() != base
-    other_range = _manager()
-    other_range.set_compile_range(Range(1, 8))
-    assert other_range.uuid() != base
+    with pass_context(Range(1, 8)):  # Inductor asks for it inside a piece's compile
+        assert _manager().uuid() != base
     with_user_pass = _manager()
     with_user_pass.add(_CountNodes())
     assert with_user_pass.uuid() != base
@@ -386,3 +386,72 @@ def test_mutated_args_table_follows_each_schema():
         mutated = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
         assert table == {i + 1: name for i, name in enumerate(mutated)}, op
         assert not op._schema.returns, op  # index 0, the return value, is None
+
+
+def test_the_backend_compiles_each_entry_inside_its_pass_context():
+    """CompilerManager.compile_context puts each piece's compile range in the pass context, where a
+    pass reads it (vLLM's get_pass_context); outside a compile there is none, and the manager runs
+    every pass."""
+    import torch._dynamo
+
+    from minivllm_compile import CompilationConfig, CompilationMode
+    from minivllm_compile.backends import VllmBackend
+
+    seen = []
+
+    class RecordRange(InductorPass):
+        def __call__(self, graph: fx.Graph) -> None:
+            seen.append(get_pass_context().compile_range)
+
+    with pytest.raises(RuntimeError, match="pass_context"):
+        get_pass_context()
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[4],
+                           compile_ranges_endpoints=[], max_num_batched_tokens=16,
+                           inductor_compile_config={"post_grad_custom_post_pass": RecordRange(),
+                                                    "fx_graph_cache": False})
+    x = torch.randn(8, 4)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    backend = VllmBackend(cc)
+    out = torch.compile(lambda t: torch.relu(t) * 2, backend=backend, fullgraph=True)(x)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out, torch.relu(x) * 2)
+    assert sorted(seen, key=lambda r: (r.start, r.end)) == [Range(1, 16), Range(4, 4)]
+    mgr = _manager(eliminate_noops=False, enable_fix_functionalization=False)
+    mgr.add(RecordRange())
+    with pytest.raises(RuntimeError, match="pass_context"):
+        mgr(_tiny_gm().graph)  # the pass itself asks for the context: none outside a compile
+    assert PostGradPassManager.compile_range() is None
+
+
+def test_add_takes_an_inductor_pass_only_and_the_config_wraps_a_function():
+    """As vLLM's PostGradPassManager.add (it asserts isinstance InductorPass): a plain function or a
+    bare CustomGraphPass is refused, naming the wrapper; a function given as the config's
+    post_grad_custom_post_pass is wrapped on the way in, keyed by its source."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from minivllm_compile import CompilationConfig
+    from minivllm_compile.passes import make_pass_manager
+
+    class Bare(CustomGraphPass):
+        def __call__(self, graph):
+            pass
+
+        def uuid(self):
+            return "bare"
+
+    def user_pass(graph):
+        pass
+
+    mgr = _manager()
+    for bad in (user_pass, Bare()):
+        with pytest.raises(TypeError, match=r"takes an InductorPass.*CallableInductorPass\(fn\)"):
+            mgr.add(bad)
+    assert [type(p).__name__ for p in mgr.passes] == ["NoOpEliminationPass"]
+    for given, uuid in ((user_pass, InductorPass.hash_source(user_pass)), (Bare(), "bare")):
+        cc = CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": given})
+        wrapped = make_pass_manager(cc).passes[-1]
+        assert isinstance(wrapped, CallableInductorPass) and wrapped.uuid() == uuid
+    with pytest.raises(TypeError, match="post_grad_custom_post_pass"):
+        make_pass_manager(CompilationConfig(
+            inductor_compile_config={"post_grad_custom_post_pass": 42}))

@@ -224,6 +224,50 @@ def test_an_allocation_stays_where_its_input_is_not_yet_computed():
     assert ops[1] == [torch.empty_like]  # no compiled piece before it: it stays a piece of its own
 
 
+def _sigmoid_sandwich(x: torch.Tensor) -> torch.Tensor:
+    """vLLM's test_sym_size_with_torch_compile_and_mark_dynamic's shape: sizes read before three
+    splitting ops and used after each; here as a whole x.size(), so that it must be decomposed."""
+    n = x.size()
+    x = torch.ops.aten.sigmoid.default(x)
+    x = x.clone().view(n)
+    x = torch.ops.aten.sigmoid.default(x)
+    x = x.clone().view(n[0], -1)
+    x = torch.ops.aten.sigmoid.default(x)
+    return torch.full(n, 0.5) + x.clone().view(n)
+
+
+def test_a_size_read_before_a_split_crosses_it_as_a_symint_only():
+    """As vLLM's _decompose_size_nodes: x.size() on a mark_dynamic input becomes sym_size.int for
+    the dynamic dim and a literal for the static one, so no piece takes a torch.Size or a plain int, and
+    the split graph runs at every size; through the backend and Inductor too."""
+    from minivllm_compile.backends import VllmBackend
+
+    graphs = []
+    x = torch.randn(4, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    capture = lambda gm, ex: graphs.append(gm) or gm  # noqa: E731
+    torch.compile(_sigmoid_sandwich, backend=capture, fullgraph=True)(x)
+    split_gm, items = split_graph(graphs[0], ["aten::sigmoid"])
+    assert sum(it.is_splitting_graph for it in items) == 3 and len(items) >= 6
+    for it in items:
+        inputs = [n.meta["example_value"] for n in it.graph.graph.find_nodes(op="placeholder")]
+        assert all(isinstance(v, (torch.Tensor, torch.SymInt)) for v in inputs), it.submod_name
+    nodes = [n for it in items for n in it.graph.graph.nodes]
+    assert any(n.target is torch.ops.aten.sym_size.int for n in nodes)
+    for n in (4, 9):
+        y = torch.randn(n, 8)
+        torch.testing.assert_close(split_gm(n, y)[0], _sigmoid_sandwich(y))
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=["aten::sigmoid"],
+                           compile_sizes=[], max_num_batched_tokens=16,
+                           inductor_compile_config={"fx_graph_cache": False})
+    compiled = torch.compile(_sigmoid_sandwich, backend=VllmBackend(cc), fullgraph=True)
+    for n in (4, 9):
+        y = torch.randn(n, 8)
+        torch.testing.assert_close(compiled(y), _sigmoid_sandwich(y))
+    torch._dynamo.reset()
+
+
 def test_should_split_formats_and_unknown_names(caplog):
     gm = _toy_graph()
     node = next(n for n in gm.graph.nodes if n.op == "call_function" and "short_conv" in str(n.target))
@@ -242,7 +286,7 @@ def test_should_split_formats_and_unknown_names(caplog):
 def test_triton_source_is_written_on_cpu_without_a_gpu():
     """Inductor writes Triton for a CPU graph in codegen-only mode; static for a size (the
     element count is a constant), symbolic for a range (it is computed from num_tokens)."""
-    from minivllm_compile.compiler_interface import triton_source_codegen_only
+    from minivllm_compile.viz.kernels import triton_source_codegen_only
 
     lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager"))
     lm(torch.arange(6), torch.arange(6))

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, Range, caching
+from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, Range, cache_keys
 from minivllm_compile.models import build_model, load_model
 from minivllm_compile.passes import QKNormRoPEFusionPass, make_pass_manager
 
@@ -206,7 +206,7 @@ def test_range_gating_fuses_only_up_to_max_token_num():
 def test_the_pass_config_and_the_pass_source_are_in_the_cache_key():
     on, off = _cfg(fusion=True), _cfg(fusion=False)
     assert on.compute_hash() != off.compute_hash()
-    assert caching.compile_factors(on)["passes"] != caching.compile_factors(off)["passes"]
+    assert cache_keys.compile_factors(on)["passes"] != cache_keys.compile_factors(off)["passes"]
     assert _cfg(max_token_num=8).compute_hash() != _cfg(max_token_num=None).compute_hash()
     qk = make_pass_manager(on).passes[1]
     assert isinstance(qk, QKNormRoPEFusionPass)

@@ -18,7 +18,7 @@ import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
-from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, caching
+from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, cache_keys
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE
 from minivllm_compile.models import load_model
 from minivllm_compile.models.quant import Fp8Linear
@@ -444,5 +444,5 @@ def test_each_quant_fusion_flag_is_in_the_cache_key():
     flags = [{}, {"fuse_norm_quant": True}, {"fuse_act_quant": True}, {"fuse_norm_quant": True, "fuse_act_quant": True}]
     ccs = [CompilationConfig(mode=CompilationMode.VLLM_COMPILE, pass_config=PassConfig(**f)) for f in flags]
     assert len({cc.compute_hash() for cc in ccs}) == len(flags)
-    assert len({caching.compile_factors(cc)["passes"] for cc in ccs}) == len(flags)
-    assert len({caching.backend_cache_key(cc, "cpu")[0] for cc in ccs}) == len(flags)
+    assert len({cache_keys.compile_factors(cc)["passes"] for cc in ccs}) == len(flags)
+    assert len({cache_keys.backend_cache_key(cc, "cpu")[0] for cc in ccs}) == len(flags)

@@ -18,9 +18,9 @@ from minivllm_compile import (
     ignore_torch_compile,
     support_torch_compile,
 )
-from minivllm_compile.decorators import stock_torch_compile
+from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, compile_model_with_stock_torch
 from minivllm_compile.models import build_model
-from minivllm_compile.monitor import count_dynamo_entries
+from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
 
 ONCE = CompilationMode.DYNAMO_TRACE_ONCE
 
@@ -84,7 +84,7 @@ def test_stock_recompiles_on_a_shape_branch_trace_once_does_not():
     stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE)
     stock_model = Branchy(compilation_config=stock_cfg)
     with compilation_counter.expect(num_models_seen=0, stock_torch_compile_count=1):
-        stock = stock_torch_compile(stock_model, stock_cfg)
+        stock = compile_model_with_stock_torch(stock_model, stock_cfg)
     x3 = torch.randn(3, 8)
     # vLLM passes STOCK's backend to torch.compile by name: none of its counters sees the traces
     with compilation_counter.expect(num_graphs_seen=0, num_backend_compilations=0, num_inductor_compiles=0):
@@ -169,7 +169,8 @@ def test_user_guard_filter_fn_is_overwritten_outside_stock():
     m(torch.randn(8, 8))
     assert calls == [] and not any(r.kept for r in m.guard_table)
     stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE, inductor_compile_config={"guard_filter_fn": mine})
-    stock_torch_compile(Branchy(compilation_config=stock_cfg), stock_cfg)(torch.randn(8, 8))
+    stock = compile_model_with_stock_torch(Branchy(compilation_config=stock_cfg), stock_cfg)
+    stock(torch.randn(8, 8))
     assert len(calls) == 1 and calls[0] > 0
 
 
@@ -414,3 +415,80 @@ print("eager", tuple(out.shape))
     assert "eager (8, 258)" in r.stdout
     assert "TORCH_COMPILE_DISABLE is set" in r.stderr
     assert not any(tmp_path.iterdir())  # no AOT file, no piece folder
+
+
+def test_the_first_compile_runs_under_one_named_set_of_patches():
+    """decorators.compile_patches (seed §11): inside it every file Dynamo inlines is recorded and
+    the C++ shape guards are off (with 32-bit indexing when asked for); after it, torch is as it
+    was.
+    input_spec only describes the call: the decorator keeps the checks it derives."""
+    from torch._dynamo.symbolic_convert import InliningInstructionTranslator
+
+    from minivllm_compile.decorators import compile_patches, input_spec
+
+    ds = DynamicShapesConfig(assume_32_bit_indexing=True)
+    model = Branchy(compilation_config=cfg(dynamic_shapes_config=ds))
+    inline_call = InliningInstructionTranslator.inline_call_
+    with compile_patches(model):
+        assert InliningInstructionTranslator.inline_call_ is not inline_call
+        assert torch._dynamo.config.enable_cpp_symbolic_shape_guards is False
+        assert torch._inductor.config.assume_32bit_indexing is True
+    assert InliningInstructionTranslator.inline_call_ is inline_call
+    assert torch._inductor.config.assume_32bit_indexing is False
+    assert Branchy.forward.__code__.co_filename in model.compilation_config.traced_files
+    spec = input_spec(model, (torch.ones(6, 8),), {}, {"x": 0}, None)
+    assert spec == {"x": {"dtype": "torch.float32", "device": "cpu", "shape": [None, 8],
+                          "contiguous": True}}
+    assert not hasattr(model, "_input_checks")  # no side effect: the decorator's first call sets it
+
+
+def test_the_backend_gets_the_models_cache_key_factors_as_an_argument():
+    """VllmBackend(model_factors=...) asks for them when Dynamo hands it the graph; a decorated
+    model passes its own (known at its first call), a backend used on its own keys without them."""
+    from minivllm_compile.backends import VllmBackend
+
+    cc = cfg(CompilationMode.VLLM_COMPILE, compile_sizes=[], max_num_batched_tokens=16)
+    lm = build_model("llama", num_layers=1, compilation_config=cc)
+    lm(torch.arange(5), torch.arange(5))
+    factors = lm.model.backend.cache_key_factors
+    assert {k: factors[k] for k in lm.model.model_factors} == lm.model.model_factors
+    assert VllmBackend(cc).model_factors() is None
+    given = {"model": "m", "constants": "c", "inputs": None, "tag": "backbone"}
+    assert VllmBackend(cc, model_factors=lambda: given).model_factors() is given
+
+
+class _ShapeBranch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.size()[0] >= 4 else x * 100
+
+
+class _Wrapped(TorchCompileWithNoGuardsWrapper):
+    """A wrapper of one's own, as vLLM's tests/compile/test_wrapper.py builds it."""
+
+    def __init__(self, model: nn.Module, mode: CompilationMode):
+        self.model, self.compilation_config = model, cfg(mode)
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+@pytest.mark.parametrize("hook", ["1", "0"])
+def test_the_wrapper_keeps_dynamos_guards_under_stock_torch_compile(hook, monkeypatch):
+    """vLLM's test_torch_compile_wrapper: trace-once serves the 3-token call with the 4-token trace
+    (its guards dropped); STOCK_TORCH_COMPILE keeps the guards and recompiles; NONE is refused."""
+    monkeypatch.setenv("VLLM_USE_BYTECODE_HOOK", hook)
+    results = {}
+    for mode in (ONCE, CompilationMode.STOCK_TORCH_COMPILE):
+        torch._dynamo.reset()
+        wrapper = _Wrapped(_ShapeBranch(), mode)
+        x = torch.tensor([1, 2, 3, 4])
+        torch._dynamo.mark_dynamic(x, 0)
+        assert torch.equal(wrapper(x), x * 2)
+        results[mode] = (wrapper(torch.tensor([1, 2, 3])), len(wrapper.captured_graphs))
+    torch._dynamo.reset()
+    assert torch.equal(results[ONCE][0], torch.tensor([2, 4, 6])) and results[ONCE][1] == 1
+    stock_out, stock_graphs = results[CompilationMode.STOCK_TORCH_COMPILE]
+    assert torch.equal(stock_out, torch.tensor([100, 200, 300])) and stock_graphs == 2
+    with pytest.raises(RuntimeError, match="NONE compiles nothing"):
+        _Wrapped(_ShapeBranch(), CompilationMode.NONE)

@@ -20,7 +20,7 @@ from minivllm_compile import (
     support_torch_compile,
 )
 from minivllm_compile.exercises import ExerciseFailed, env, exercise, measured_once
-from minivllm_compile.monitor import count_dynamo_entries
+from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
 
 
 def _trace_once(**kw: Any) -> CompilationConfig:

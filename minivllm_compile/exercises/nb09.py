@@ -1,5 +1,5 @@
 """Notebook 09's exercises: which factor of the compile cache's key a change moves (computed with
-caching.backend_cache_key and caching.aot_cache_key on real models and configs), and what a cold
+cache_keys.backend_cache_key and cache_keys.aot_cache_key on real models and configs), and what a cold
 start, a warm start and a warm start without the mega artifact do (counted on real compiles into
 a fresh cache)."""
 
@@ -40,14 +40,14 @@ CHANGES: dict[str, str] = {
         "compile time without changing them, so one artifact serves every cudagraph_mode",
     "rms_norm_eps 1e-05 -> 1e-06 in config.json":
         "the eps is a plain float an RMSNorm holds; Dynamo bakes it into the graph as a constant, so the key "
-        "hashes every plain value of the module tree (caching.model_constants) as 'constants'",
+        "hashes every plain value of the module tree (cache_keys.model_constants) as 'constants'",
     "other weights, same shapes (a fine-tuned checkpoint)":
         "weights are graph inputs: their names, shapes, dtypes and devices are in 'model', their values in no "
         "factor, so a fine-tuned checkpoint of the same architecture loads the same kernels",
     "a comment added to models/llama.py":
         "every file Dynamo traced is hashed by content in 'traced_files', a comment too; that factor is only in "
         "the backend key (the AOT key is computed before Dynamo runs, so the AOT load compares the traced "
-        "sources itself, caching.changed_sources)",
+        "sources itself, aot._verify_source_unchanged)",
     "the model built under set_model_tag('draft')":
         "the tag names which compiled part of a model this is, and gets its own folder <hash>/rank_0_0/<tag>",
     "one line of the user's post-grad pass edited":
@@ -69,7 +69,7 @@ QUESTIONS: dict[str, str] = {
                                   "and ask whether wrapping the compiled pieces in CUDA graphs changes the pieces.",
     "rms_norm_eps 1e-05 -> 1e-06 in config.json": "The eps is a plain float an RMSNorm holds: is it a graph input "
                                                   "(a tensor) or a value Dynamo bakes into the graph? Which factor "
-                                                  "hashes the module tree's plain values (caching.model_constants)?",
+                                                  "hashes the module tree's plain values (cache_keys.model_constants)?",
     "other weights, same shapes (a fine-tuned checkpoint)": "Weights are graph inputs: which of their properties "
                                                             "are hashed, and are their values among them?",
     "a comment added to models/llama.py": "Which factor hashes the files Dynamo traced, and by what: their text, "
@@ -105,7 +105,7 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
     """For each change: the backend-key factors it moves, and whether the AOT key moves; and the
     backend key's factors."""
     import minivllm_compile.models.llama as llama_module
-    from minivllm_compile import CompilationConfig, CompilationMode, caching
+    from minivllm_compile import CompilationConfig, CompilationMode, cache_keys
     from minivllm_compile.backends import set_model_tag
     from minivllm_compile.decorators import input_spec
     from minivllm_compile.models import CHECKPOINTS, load_model
@@ -130,9 +130,9 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
             cc = cc or config()
             cc.traced_files = {str(traced)}  # what the decorator records during the trace
             spec = input_spec(lm.model, (first_ids, torch.arange(7)), {}, {"input_ids": 0, "positions": 0}, None)
-            factors_of_model = caching.model_factors(lm.model, spec)
-            _, factors = caching.backend_cache_key(cc, "cpu", factors_of_model)
-            return factors, caching.aot_cache_key(lm.model, cc, factors_of_model)[0]
+            factors_of_model = cache_keys.model_factors(lm.model, spec)
+            _, factors = cache_keys.backend_cache_key(cc, "cpu", factors_of_model)
+            return factors, cache_keys.aot_cache_key(lm.model, cc, factors_of_model)[0]
 
         base = load_model(checkpoint, compilation_config=config())
         base_factors, base_aot = keys(base)
@@ -208,10 +208,10 @@ def _grade_keys(answer: Any) -> str:
     if missing or unknown:
         raise ExerciseFailed(f"answer one entry per change, labelled as in nb09.CHANGES: missing {missing}, "
                              f"not a change of this exercise {unknown}")
-    from minivllm_compile import CompilationConfig, caching
+    from minivllm_compile import CompilationConfig, cache_keys
 
     # the factor names, as cache_key_factors.json lists them
-    known = set(caching.backend_cache_key(CompilationConfig(), "cpu", caching.model_factors(torch.nn.Module()))[1])
+    known = set(cache_keys.backend_cache_key(CompilationConfig(), "cpu", cache_keys.model_factors(torch.nn.Module()))[1])
     said = {label: _factor_of(answer[label], label, known) for label in CHANGES}
     truth, names = _key_truth()
     assert names == known, (names, known)
@@ -227,7 +227,7 @@ def _grade_keys(answer: Any) -> str:
         did = f"it moves '{real}'" if real else "the key stays the same"
         measured.append(f"{label}: {did} ({why})")
     if problems:
-        raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed with caching.backend_cache_key; "
+        raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed with cache_keys.backend_cache_key; "
                              "notebook 09 §4 and §8, the factor table):\n  - " + "\n  - ".join(problems),
                              measured="; ".join(measured))
     new_key = [label for label, (moved, _) in truth.items() if moved]
@@ -235,7 +235,7 @@ def _grade_keys(answer: Any) -> str:
     assert aot_blind == ["a comment added to models/llama.py"], aot_blind
     return (f"{len(new_key)} of the {len(CHANGES)} changes give a new backend key, each through one factor; the "
             f"AOT key moves for all of them but one, {aot_blind[0]!r}: it is computed before Dynamo runs, so it "
-            "cannot know the traced files, and the AOT load checks their sources instead (caching.changed_sources).")
+            "cannot know the traced files, and the AOT load checks their sources instead (aot._verify_source_unchanged).")
 
 
 @exercise("09.1", "which factor of the cache key covers each change", section="notebook 09 §3, §4 and §8 "
@@ -248,7 +248,7 @@ def _grade_keys(answer: Any) -> str:
                       "should stay the same. If it does, where does the change live: in the config object, in "
                       "the model's plain values, in a traced file's text, in a pass's source, in Inductor's "
                       "process-wide settings, in the first call's tensors, or in the folder name? Each place is "
-                      "one factor: caching.py's docstring lists what each one hashes.",
+                      "one factor: cache_keys.py's docstring lists what each one hashes.",
           solution=lambda: dict(_KEY_SOLUTION),
           wrong=lambda: {**_KEY_SOLUTION, "cudagraph_mode='PIECEWISE'": "config",
                          "one line of the user's post-grad pass edited": "config"},

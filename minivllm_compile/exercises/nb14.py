@@ -126,13 +126,9 @@ def _collect_wrong() -> Callable:
 
 def _grade_collect(collect: Any) -> str:
     from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode
-    from minivllm_compile.cuda_graph import (
-        BatchDescriptor,
-        CUDAGraphWrapper,
-        StaticBufferReplay,
-        capture_phase,
-    )
+    from minivllm_compile.cuda_graph import BatchDescriptor, CUDAGraphWrapper, StaticBufferReplay
     from minivllm_compile.forward_context import set_forward_context
+    from minivllm_compile.monitor import set_cudagraph_capturing_enabled
 
     if not callable(collect):
         raise ExerciseFailed(f"give the function collect(step, static_x, batches); got {collect!r}")
@@ -151,8 +147,11 @@ def _grade_collect(collect: Any) -> str:
             return wrapper(x)
 
     static_x = torch.zeros(BATCH, WIDTH)
-    with capture_phase():
+    set_cudagraph_capturing_enabled(True)
+    try:
         step(static_x)  # captured at start-up, on static_x
+    finally:
+        set_cudagraph_capturing_enabled(False)
     calls.clear()
     (entry,) = wrapper.concrete_cudagraph_entries.values()
     assert isinstance(entry.cudagraph, StaticBufferReplay)  # the CPU stand-in, not a CUDA graph

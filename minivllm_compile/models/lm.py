@@ -17,18 +17,14 @@ import torch
 from torch import nn
 
 from minivllm_compile.config import CompilationMode, CUDAGraphMode
-from minivllm_compile.cuda_graph import (
-    CudagraphDispatcher,
-    CUDAGraphWrapper,
-    capture_phase,
-    min_cudagraph_support,
-)
-from minivllm_compile.decorators import stock_torch_compile
+from minivllm_compile.cuda_graph import CUDAGraphWrapper, CudagraphDispatcher, min_cudagraph_support
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.inputs import check_generate_args, check_prefill_inputs
 from minivllm_compile.models.layers import Attention, ShortConv
 from minivllm_compile.models.tokenizer import ByteTokenizer
+from minivllm_compile.monitor import set_cudagraph_capturing_enabled
+from minivllm_compile.wrapper import compile_model_with_stock_torch
 
 BLOCK_SIZE = 16
 
@@ -69,7 +65,7 @@ class LM:
         cc = getattr(model, "compilation_config", None)
         self._run_model = model
         if cc is not None and cc.mode == CompilationMode.STOCK_TORCH_COMPILE:
-            self._run_model = stock_torch_compile(model, cc)
+            self._run_model = compile_model_with_stock_torch(model, cc)
         # CUDA graphs are the model runner's job in vLLM: resolved, dispatched and captured here
         self.cudagraph_dispatcher: CudagraphDispatcher | None = None
         self._cudagraphs_ready = cc is None or cc.cudagraph_mode == CUDAGraphMode.NONE
@@ -194,14 +190,20 @@ class LM:
         """Capture every graph now, after the warm-up compile (vLLM's capture_model): largest size
         first, each after one plain run at its size (vLLM's cudagraph_num_of_warmups=1), with dummy
         inputs and no attention metadata. generate() never captures: the wrappers refuse it."""
-        with self._call_lock, torch.inference_mode(), capture_phase():
-            for mode, descs in self.cudagraph_dispatcher.get_capture_descs():
-                for desc in descs:
-                    ids, pos = self._input_ids[:desc.num_tokens], self._positions[:desc.num_tokens]
-                    ids.zero_(), pos.zero_()
-                    for m in (CUDAGraphMode.NONE, mode):
-                        with set_forward_context(None, self.model.static_forward_context, m, desc):
-                            self._run_model(ids, pos)
+        set_cudagraph_capturing_enabled(True)  # as vLLM's model runner, around its capture only
+        try:
+            with self._call_lock, torch.inference_mode():
+                for mode, descs in self.cudagraph_dispatcher.get_capture_descs():
+                    for desc in descs:
+                        n = desc.num_tokens
+                        ids, pos = self._input_ids[:n], self._positions[:n]
+                        ids.zero_(), pos.zero_()
+                        for m in (CUDAGraphMode.NONE, mode):
+                            ctx = self.model.static_forward_context
+                            with set_forward_context(None, ctx, m, desc):
+                                self._run_model(ids, pos)
+        finally:
+            set_cudagraph_capturing_enabled(False)
         self._cudagraphs_ready = True
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

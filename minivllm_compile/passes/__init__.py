@@ -10,8 +10,11 @@ from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPa
 from minivllm_compile.passes.inductor_pass import (
     CallableInductorPass,
     InductorPass,
+    PassContext,
+    get_pass_context,
     graph_text,
     is_func,
+    pass_context,
 )
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
 from minivllm_compile.passes.pass_manager import PostGradPassManager, make_pass_manager
@@ -23,8 +26,9 @@ from minivllm_compile.passes.vllm_inductor_pass import (
 
 __all__ = [
     "ActivationQuantFusionPass", "CallableInductorPass", "FixFunctionalizationPass", "InductorPass",
-    "NoOpEliminationPass", "PostGradPassManager", "QKNormRoPEFusionPass", "RMSNormQuantFusionPass", "Records", "VllmInductorPass", "VllmPatternMatcherPass",
-    "graph_text", "is_func", "make_pass_manager",
+    "NoOpEliminationPass", "PassContext", "PostGradPassManager", "QKNormRoPEFusionPass",
+    "RMSNormQuantFusionPass", "Records", "VllmInductorPass", "VllmPatternMatcherPass",
+    "get_pass_context", "graph_text", "is_func", "make_pass_manager", "pass_context",
 ]
 
 _LAZY = {"ActivationQuantFusionPass": "act_quant_fusion", "QKNormRoPEFusionPass": "qk_norm_rope_fusion",

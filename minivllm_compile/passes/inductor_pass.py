@@ -13,7 +13,8 @@ import inspect
 import json
 import marshal
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,6 +22,43 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from minivllm_compile.config import Range
+
+
+class PassContext:
+    """What the passes may know about the compile in progress (vLLM's): the num_tokens range it
+    serves, and the inputs a pass may write into (set by vLLM's IR functionalization pass)."""
+
+    def __init__(self, compile_range: Range):
+        self.compile_range = compile_range
+        self.donated_input_ids: set[int] = set()
+
+
+_pass_context: PassContext | None = None
+
+
+def get_pass_context() -> PassContext:
+    """The context of the compile in progress (vLLM's)."""
+    if _pass_context is None:
+        raise RuntimeError("no pass context: a pass learns its compile range only inside "
+                           "pass_context(compile_range), which CompilerManager.compile_context "
+                           "enters")
+    return _pass_context
+
+
+def in_pass_context() -> bool:
+    return _pass_context is not None
+
+
+@contextmanager
+def pass_context(compile_range: Range) -> Iterator[None]:
+    """Make `compile_range` the range of every pass Inductor runs inside (vLLM's). The backend
+    enters it around each piece's compile (CompilerManager.compile_context)."""
+    global _pass_context
+    prev, _pass_context = _pass_context, PassContext(compile_range)
+    try:
+        yield
+    finally:
+        _pass_context = prev
 
 
 def is_func(node: fx.Node, target: Any) -> bool:

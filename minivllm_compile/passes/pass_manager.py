@@ -2,7 +2,15 @@
 (vLLM's passes/pass_manager.py). The backend installs it as
 
     torch._inductor.config.post_grad_custom_post_pass = manager
-    torch._inductor.config.enable_auto_functionalized_v2 = False   # FixFunctionalization reads v1
+
+beside enable_auto_functionalized_v2=False, which CompilationConfig sets (FixFunctionalization
+reads v1).
+
+Each pass may apply to some compile ranges only (`is_applicable_for_range`): the manager reads
+the range of the compile in progress from the pass context (`get_pass_context()`), which the
+backend sets around each piece's compile (`CompilerManager.compile_context`), as in vLLM. A graph
+compiled outside the backend (the manager installed by hand, outside any `pass_context`) runs
+every pass: vLLM asserts a context there.
 
 Order: NoOpElimination -> RMSNormQuantFusion, ActivationQuantFusion, QKNormRoPEFusion (each when
 enabled) -> user passes (`add`) ->
@@ -12,7 +20,6 @@ FixFunctionalization, always last, so every other pass sees a functional graph.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -22,7 +29,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from minivllm_compile.cache_files import compiler_source_hash
 from minivllm_compile.config import CompilationConfig, PassConfig, Range
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
-from minivllm_compile.passes.inductor_pass import CallableInductorPass, InductorPass, graph_text
+from minivllm_compile.passes.inductor_pass import (CallableInductorPass, InductorPass,
+                                                   get_pass_context, graph_text, in_pass_context)
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
 from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
 
@@ -34,7 +42,6 @@ class PostGradPassManager(CustomGraphPass):
         self.passes: list[CustomGraphPass] = []
         self.fix_functionalization: FixFunctionalizationPass | None = None
         self.pass_config = PassConfig()
-        self.compile_range: Range | None = None
         # (stage, graph source) for every pass run, across every graph this manager has seen
         self.records: Records = []
 
@@ -60,27 +67,30 @@ class PostGradPassManager(CustomGraphPass):
         if pass_config.enable_fix_functionalization:
             self.fix_functionalization = FixFunctionalizationPass(pass_config)
 
-    def add(self, pass_: CustomGraphPass | Callable[[fx.Graph], None]) -> None:
-        """A user pass, run after the default ones and before FixFunctionalization. A plain
-        function is wrapped in CallableInductorPass (its uuid: the hash of its source)."""
-        if not isinstance(pass_, CustomGraphPass):
-            if not callable(pass_):
-                raise TypeError(f"{pass_!r} is neither a CustomGraphPass nor a function of a graph")
-            pass_ = CallableInductorPass(pass_)
+    def add(self, pass_: InductorPass) -> None:
+        """A user pass, run after the default ones and before FixFunctionalization. Only an
+        InductorPass, as in vLLM (which asserts it): its uuid keys Inductor's cache, so a plain
+        function must say what it is, CallableInductorPass(fn) (its uuid: its source's hash)."""
+        if not isinstance(pass_, InductorPass):
+            hint = "wrap it: CallableInductorPass(fn)" if callable(pass_) \
+                else "give an InductorPass"
+            raise TypeError(f"PostGradPassManager.add takes an InductorPass, got {pass_!r}: {hint}")
         self.passes.append(pass_)
 
-    def set_compile_range(self, compile_range: Range) -> None:
-        """The num_tokens range the next compile serves (vLLM reads it from a pass context)."""
-        self.compile_range = compile_range
+    @staticmethod
+    def compile_range() -> Range | None:
+        """The num_tokens range of the compile in progress; None outside a pass context."""
+        return get_pass_context().compile_range if in_pass_context() else None
 
     def all_passes(self) -> list[CustomGraphPass]:
         return self.passes + ([self.fix_functionalization] if self.fix_functionalization else [])
 
     def __call__(self, graph: fx.Graph) -> None:
+        compile_range = self.compile_range()
         for i, pass_ in enumerate(self.all_passes()):
             applicable = getattr(pass_, "is_applicable_for_range", lambda _: True)
-            if not applicable(self.compile_range):
-                logger.debug("skipping %s for %s", type(pass_).__name__, self.compile_range)
+            if not applicable(compile_range):
+                logger.debug("skipping %s for %s", type(pass_).__name__, compile_range)
                 continue
             if isinstance(pass_, VllmInductorPass):  # it records itself (and any inner stages)
                 pass_.records, pass_.dump_prefix = self.records, i
@@ -99,7 +109,7 @@ class PostGradPassManager(CustomGraphPass):
         state = {
             "pass_config": asdict(self.pass_config),
             "passes": [p.uuid() for p in self.all_passes()],
-            "compile_range": str(self.compile_range),
+            "compile_range": str(self.compile_range()),
             "compiler": compiler_source_hash(),
         }
         return InductorPass.hash_dict(state)
@@ -116,5 +126,17 @@ def make_pass_manager(cc: CompilationConfig) -> PostGradPassManager:
         raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is a PostGradPassManager: "
                          "give the pass itself; the backend builds the manager")
     if user_pass is not None:
-        manager.add(user_pass)
+        manager.add(as_inductor_pass(user_pass))
     return manager
+
+
+def as_inductor_pass(pass_: Any) -> InductorPass:
+    """A user's `post_grad_custom_post_pass` as an InductorPass: a function of a graph (or another
+    CustomGraphPass) is wrapped in CallableInductorPass here. vLLM wraps the entries of
+    CompilationConfig.inductor_passes so, and asserts that this key holds an InductorPass."""
+    if isinstance(pass_, InductorPass):
+        return pass_
+    if not callable(pass_):
+        raise TypeError(f"inductor_compile_config['post_grad_custom_post_pass'] is {pass_!r}: "
+                        "give an InductorPass or a function of a torch.fx.Graph")
+    return CallableInductorPass(pass_, pass_.uuid() if isinstance(pass_, CustomGraphPass) else None)

@@ -2,7 +2,9 @@
 their generated code) and draw or tabulate it. The core never imports this package."""
 
 from minivllm_compile.viz.boxes import render_boxes
+from minivllm_compile.viz.cache import describe_cache
 from minivllm_compile.viz.diffs import Diff, unified_diff
+from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
 from minivllm_compile.viz.graphs import (
     describe,
     draw_graph,
@@ -15,7 +17,12 @@ from minivllm_compile.viz.graphs import (
     table_text,
     to_dot,
 )
-from minivllm_compile.viz.kernels import calls_in, kernel_signatures, kernel_sources
+from minivllm_compile.viz.kernels import (
+    calls_in,
+    kernel_signatures,
+    kernel_sources,
+    triton_source_codegen_only,
+)
 from minivllm_compile.viz.pipeline import Stage, draw_pipeline, pipeline_facts
 from minivllm_compile.viz.plots import (
     draw_conv_states,
@@ -31,9 +38,10 @@ from minivllm_compile.viz.plots import (
 )
 
 __all__ = [
-    "Diff", "Stage", "calls_in", "describe", "draw_graph", "draw_pipeline", "graph_table", "kernel_signatures",
+    "Diff", "Stage", "calls_in", "count_dynamo_entries", "describe", "describe_cache",
+    "draw_graph", "draw_pipeline", "graph_table", "kernel_signatures",
     "kernel_sources", "op_label", "pipeline_facts", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
-    "table_text", "to_dot", "unified_diff",
+    "table_text", "to_dot", "triton_source_codegen_only", "unified_diff",
     # notebook plots (viz/plots.py)
     "draw_conv_states", "draw_rewrite", "draw_timeline", "plot_call_times", "plot_dispatch_counts", "plot_modes",
     "plot_pass_effect", "plot_startups", "timeline_colour", "timeline_label",
