@@ -22,7 +22,7 @@ from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 from minivllm_compile import aot, caching
 from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
-from minivllm_compile.monitor import start_monitoring_torch_compile
+from minivllm_compile.monitor import depyf_debug, start_monitoring_torch_compile
 from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, WholeGraphBackend
 
 IGNORE_COMPILE_KEY = "_ignore_compile_minivllm"
@@ -262,6 +262,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         inductor_patches = {"assume_32bit_indexing": True} \
             if ds.assume_32_bit_indexing and supported["assume_32bit_indexing"] else {}
         with (patch.object(InliningInstructionTranslator, "inline_call_", patched_inline_call),
+              depyf_debug(self.compilation_config),
               torch._dynamo.config.patch(**dynamo_patches),
               torch.fx.experimental._config.patch(**fx_patches),
               torch._inductor.config.patch(**inductor_patches)):

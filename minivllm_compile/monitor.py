@@ -10,6 +10,7 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 
@@ -28,6 +29,38 @@ def dynamo_transform_time() -> float:
     elapsed = time.perf_counter() - torch_compile_start_time
     logger.info("Dynamo bytecode transform time: %.2f s", elapsed)
     return elapsed
+
+
+@contextmanager
+def depyf_debug(compilation_config) -> Iterator[None]:
+    """Around the first compile, as vLLM's monitor_torch_compile: with debug_dump_path set under
+    VLLM_COMPILE, depyf dumps what Dynamo and the backend produce there (the transformed code, the
+    Dynamo graph before and after the split, each piece's graph). Without depyf, the dump still
+    gets transformed_code.py (disassembled) and computation_graph_<tag>.py."""
+    from minivllm_compile.config import CompilationMode
+
+    path = compilation_config.debug_dump_path
+    if not path or compilation_config.mode != CompilationMode.VLLM_COMPILE:
+        yield
+        return
+    try:
+        import depyf
+    except ImportError:
+        logger.info("debug_dump_path: depyf is not installed (pip install depyf), so the dump "
+                    "holds the disassembled transformed code and the split graph only")
+        yield
+        return
+    Path(path).mkdir(parents=True, exist_ok=True)
+    logger.debug("Dumping depyf output to %s", path)
+    cm = depyf.prepare_debug(str(path))
+    cm.__enter__()
+    try:
+        yield
+    finally:
+        try:
+            cm.__exit__(None, None, None)
+        except Exception:  # depyf's cleanup must not hide the compile's own outcome
+            logger.warning("Exception during depyf cleanup.", exc_info=True)
 
 
 @dataclass
