@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
+from torch._logging import trace_structured
 from torch.fx.passes.split_module import split_module
 
 from minivllm_compile import cache_files, cache_keys, caching, envs
@@ -356,8 +357,8 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
             index = self.compile_submod_names.index(target)
             sym_shape_indices = [i for i, a in enumerate(args) if isinstance(a, torch.SymInt)]
             piece = PiecewiseBackend(self.fetch_attr(target), self.backend, index,
-                                     len(self.compile_submod_names), sym_shape_indices)
-            piece.submod_name = target
+                                     len(self.compile_submod_names), sym_shape_indices,
+                                     submod_name=target)
             self.backend.piecewise_backends.append(piece)
             # the stitching graph now calls the backend, under a PIECEWISE CUDA-graph wrapper when the
             # mode has piecewise graphs (vLLM wraps here too); the splitting ops stay unwrapped, eager
@@ -451,6 +452,7 @@ class VllmBackend:
         cc = self.compilation_config
         warn_unknown_splitting_ops(cc.splitting_ops)
         self.split_gm, self.piecewise_graphs = split_graph(gm, cc.splitting_ops)
+        self._trace_config_and_split()
         compilation_counter.num_piecewise_graphs_seen += len(self.piecewise_graphs)
         names = [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph]
         PiecewiseCompileInterpreter(self.split_gm, names, self).run(*example_inputs)
@@ -464,6 +466,25 @@ class VllmBackend:
                   for pb in self.piecewise_backends]
         return caching.VllmSerializableFunction(self.split_gm, cc, pieces, self.cache_dir,
                                                 cc.compile_cache_save_format, example_inputs)
+
+    def _trace_config_and_split(self) -> None:
+        """What vLLM records for TORCH_TRACE before compiling the pieces: the config that decides
+        them, and the split graph (tlparse lists both beside Dynamo's own pages)."""
+        cc = self.compilation_config
+        trace_structured(
+            "artifact",
+            metadata_fn=lambda: {"name": "vllm_compilation_config", "encoding": "json"},
+            payload_fn=lambda: json.dumps({
+                "prefix": self.prefix, "mode": cc.mode.name, "backend": cc.backend,
+                "custom_ops": ", ".join(cc.custom_ops),
+                "splitting_ops": ", ".join(cc.splitting_ops),
+                "cudagraph_mode": str(cc.cudagraph_mode),
+                "compile_sizes": ", ".join(map(str, cc.compile_sizes)),
+                "compile_ranges_endpoints": ", ".join(map(str, cc.compile_ranges_endpoints)),
+                "enabled_passes": ", ".join(f.name for f in dataclasses.fields(cc.pass_config)
+                                            if getattr(cc.pass_config, f.name) is True)}))
+        trace_structured("graph_dump", metadata_fn=lambda: {"name": "vllm_piecewise_split_graph"},
+                         payload_fn=lambda: self.split_gm.print_readable(print_output=False))
 
     def _widen_backed_ranges_for_evaluate_guards(self) -> None:
         """As vLLM's VllmBackend.__call__: with evaluate_guards and BACKED shapes, a backed size
@@ -482,11 +503,22 @@ class VllmBackend:
                 shape_env.var_to_range[s] = ValueRanges(0, r.upper)
 
     def _write_computation_graph(self) -> None:
+        """The split graph, every piece's graph in it, as readable Python: into the cache folder,
+        and into debug_dump_path when set (with the cache off too: the pieces are what one
+        debugs)."""
+        dump = self.compilation_config.debug_dump_path
+        if self.cache_dir is None and not dump:
+            return
+        src = "from __future__ import annotations\nimport torch\n" + \
+            self.split_gm.print_readable(print_output=False).replace("<lambda>", "GraphModule")
+        if dump:
+            path = Path(dump) / f"computation_graph_{self.prefix}.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(src)
+            logger.debug("Computation graph saved to %s", path)
         if self.cache_dir is None:
             return
-        src = self.split_gm.print_readable(print_output=False).replace("<lambda>", "GraphModule")
         try:
-            cache_files.atomic_write(self.cache_dir / "computation_graph.py",
-                                 "from __future__ import annotations\nimport torch\n" + src)
+            cache_files.atomic_write(self.cache_dir / "computation_graph.py", src)
         except OSError as e:
             logger.warning("cannot write to the compile cache %s (%s); continuing without it", self.cache_dir, e)

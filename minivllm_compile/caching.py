@@ -115,6 +115,12 @@ class VllmSerializableFunction(SerializableCallable):
 
             add_stitching_ranges(split_gm)
 
+    @property
+    def co_name(self) -> str:
+        """depyf (debug_dump_path) names what a backend returned by its co_name, as it names code
+        (vLLM's has the same property)."""
+        return "VllmSerializableFunction"
+
     def __call__(self, *args: Any) -> Any:
         if self._pending is not None:
             raise RuntimeError("a VllmSerializableFunction loaded without the mega artifact runs its backend "

@@ -127,6 +127,13 @@ def _warn_torch_compile_disable(mode: str) -> None:
         "(vLLM says the same, as -cc.mode=none)", mode)
 
 
+@functools.cache
+def _warn_enforce_eager() -> None:
+    logging.getLogger("minivllm_compile").warning(
+        "Enforce eager set, disabling torch.compile and CUDAGraphs. This is equivalent to setting "
+        "mode=NONE and cudagraph_mode=NONE (vLLM: -cc.mode=none -cc.cudagraph_mode=none)")
+
+
 @dataclass(frozen=True)
 class Range:
     """An inclusive range of num_tokens, [start, end]."""
@@ -200,6 +207,9 @@ class CompilationConfig:
     cache_dir: str = ""
     compile_cache_save_format: str = "binary"  # "unpacked": the generated code as editable files
     debug_dump_path: str | None = None
+    # vLLM's enforce_eager (on its ModelConfig, applied in VllmConfig.__post_init__): turns off
+    # torch.compile and CUDA graphs together, the same as mode=NONE plus cudagraph_mode=NONE
+    enforce_eager: bool = False
     # filled while Dynamo traces: every source file the graph came from (invalidates the cache)
     traced_files: set[str] = field(default_factory=set)
     # CUDA graphs (vLLM's fields). None resolves to NONE on every platform: vLLM turns CUDA graphs
@@ -215,7 +225,9 @@ class CompilationConfig:
     # fields that change what is compiled; the others (paths, what was traced, the CUDA-graph
     # settings, which wrap the compiled pieces without changing them) do not
     HASH_EXCLUDED = ("cache_dir", "debug_dump_path", "traced_files", "cudagraph_mode",
-                     "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_copy_inputs")
+                     "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_copy_inputs",
+                     # acts through mode, which is hashed
+                     "enforce_eager")
 
     def __post_init__(self):
         try:
@@ -225,6 +237,11 @@ class CompilationConfig:
         except ValueError:
             raise ValueError(f"CompilationConfig.mode={self.mode!r} is not one of "
                              f"{[f'{m.name}={m.value}' for m in CompilationMode]}") from None
+        _require_bool("CompilationConfig", "enforce_eager", self.enforce_eager)
+        if self.enforce_eager:
+            # vLLM (VllmConfig.__post_init__) overrides both, whatever else was asked for
+            _warn_enforce_eager()
+            self.mode, self.cudagraph_mode = CompilationMode.NONE, CUDAGraphMode.NONE
         if os.environ.get("TORCH_COMPILE_DISABLE") == "1" and self.mode != CompilationMode.NONE:
             # vLLM (VllmConfig.__post_init__): torch's own switch turns compilation off as mode=NONE,
             # so the model runs eagerly instead of meeting a torch.compile that does nothing

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from minivllm_compile.config import CompilationConfig, CompilationMode
@@ -26,10 +27,12 @@ def monitor_torch_compile(compilation_config: CompilationConfig,
                           tag: str = "") -> Iterator[None]:
     """Time a compile (vLLM's, in compilation/monitor.py): the start time the backend's Dynamo
     log line measures from, and on success one line with the whole compile's time (VLLM_COMPILE
-    only, as in vLLM). A failed compile logs nothing here: its exception says enough."""
+    only, as in vLLM). A failed compile logs nothing here: its exception says enough. With
+    debug_dump_path set, depyf dumps the compile there, as vLLM's does (depyf_debug)."""
     global torch_compile_start_time
     torch_compile_start_time = time.perf_counter()
-    yield
+    with depyf_debug(compilation_config):
+        yield
     if compilation_config.mode == CompilationMode.VLLM_COMPILE:
         elapsed = time.perf_counter() - torch_compile_start_time
         logger.info(message, f"[{tag}] " if tag else "", elapsed)
@@ -42,6 +45,34 @@ def dynamo_transform_time() -> float:
     return elapsed
 
 
+@contextmanager
+def depyf_debug(compilation_config: CompilationConfig) -> Iterator[None]:
+    """Inside monitor_torch_compile, as in vLLM's: with debug_dump_path set under
+    VLLM_COMPILE, depyf dumps what Dynamo and the backend produce there (the transformed code, the
+    Dynamo graph before and after the split, each piece's graph). Without depyf, the dump still
+    gets transformed_code.py (disassembled) and computation_graph_<tag>.py."""
+    path = compilation_config.debug_dump_path
+    if not path or compilation_config.mode != CompilationMode.VLLM_COMPILE:
+        yield
+        return
+    try:
+        import depyf
+    except ImportError:
+        logger.info("debug_dump_path: depyf is not installed (pip install depyf), so the dump "
+                    "holds the disassembled transformed code and the split graph only")
+        yield
+        return
+    Path(path).mkdir(parents=True, exist_ok=True)
+    logger.debug("Dumping depyf output to %s", path)
+    cm = depyf.prepare_debug(str(path))
+    cm.__enter__()
+    try:
+        yield
+    finally:
+        try:
+            cm.__exit__(None, None, None)
+        except Exception:  # depyf's cleanup must not hide the compile's own outcome
+            logger.warning("Exception during depyf cleanup.", exc_info=True)
 
 
 # vLLM's switch for CUDA-graph capture (compilation/monitor.py): the model runner turns it on around

@@ -8,11 +8,13 @@ range containing it. A num_tokens outside every entry is an error: no recompile,
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
+from torch._logging import trace_structured
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -68,8 +70,10 @@ def get_fake_args_from_graph(graph: fx.GraphModule) -> list[Any]:
 
 class PiecewiseBackend:
     def __init__(self, graph: fx.GraphModule, vllm_backend: "VllmBackend", piecewise_compile_index: int,
-                 total_piecewise_compiles: int, sym_shape_indices: list[int]):
+                 total_piecewise_compiles: int, sym_shape_indices: list[int],
+                 submod_name: str = ""):
         self.graph = graph
+        self.submod_name = submod_name  # its name in the split graph (submod_0, ...), as in vLLM
         self.vllm_backend = vllm_backend
         self.total_piecewise_compiles = total_piecewise_compiles
         if not sym_shape_indices:
@@ -105,10 +109,29 @@ class PiecewiseBackend:
         """Compile every entry now, at start-up, so no request ever waits for a compile (§5)."""
         for entry in self.range_entries.values():
             r = entry.compile_range
+            self._log_compile_start(r)
             args = create_concrete_args(self.graph, r.start) if r.is_single_size() \
                 else get_fake_args_from_graph(self.graph)
             entry.compiled = self.vllm_backend.compiler_manager.compile(
                 self.graph, args, r, graph_index=self.piecewise_compile_index)
+
+    def _log_compile_start(self, r: Range) -> None:
+        """What vLLM records for TORCH_TRACE (tlparse lists it): an artifact per piece and entry,
+        and the piece's graph once (the same graph serves every size)."""
+        trace_structured(
+            "artifact",
+            metadata_fn=lambda: {"name": "vllm_piecewise_compile_start", "encoding": "json"},
+            payload_fn=lambda: json.dumps({
+                "piecewise_index": self.piecewise_compile_index, "submod_name": self.submod_name,
+                "total_piecewise_compiles": self.total_piecewise_compiles,
+                "compile_range_start": r.start, "compile_range_end": r.end,
+                "is_single_size": r.is_single_size(),
+                "is_cudagraph_capture_size":
+                    r.start in (self.compilation_config.cudagraph_capture_sizes or ())}))
+        if not getattr(self, "_graph_logged", False):
+            self._graph_logged = True
+            trace_structured("graph_dump", metadata_fn=lambda: {"name": f"vllm_{self.submod_name}"},
+                             payload_fn=lambda: self.graph.print_readable(print_output=False))
 
     def _find_range_for_shape(self, runtime_shape: int) -> RangeEntry | None:
         if runtime_shape in self.compile_sizes:

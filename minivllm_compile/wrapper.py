@@ -239,6 +239,7 @@ class TorchCompileWithNoGuardsWrapper:
             path = Path(dump) / "transformed_code.py"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(decompile(new_code))
+            logger.debug("Dynamo transformed code saved to %s", path)
         # vLLM's condition (compilation/wrapper.py): only a captured graph loses the replayed assignment;
         # without one, `update` runs each call and the buffer is right. Checked before keeping the code,
         # so that a retry cannot run it
