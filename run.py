@@ -3,6 +3,9 @@
 
     python3 run.py tour     the tour: the trained model generates text, every kernel is checked
     python3 run.py test     the whole test suite, notebooks included (what CI runs)
+    python3 run.py test --quick
+                            the quick tier: every test that compiles nothing, no notebooks (an
+                            install check, or a check before a workshop: about a minute or two)
 
 Where no torch is installed: MINIVLLM_TORCH_SPEC chooses the build (default torch==2.13.0), and
 MINIVLLM_TORCH_INDEX_URL the index it comes from, e.g. https://download.pytorch.org/whl/cpu for
@@ -116,7 +119,11 @@ def main() -> int:
         return 2
     ensure_venv()
     ensure_installed()
-    cmd = jobs[sys.argv[1]] + sys.argv[2:]
+    args = sys.argv[2:]
+    if sys.argv[1] == "test" and "--quick" in args:  # tests/conftest.py: what the tier leaves out
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests", *args]
+    else:
+        cmd = jobs[sys.argv[1]] + args
     print("+", " ".join(cmd), flush=True)
     return subprocess.run(cmd, cwd=ROOT).returncode
 

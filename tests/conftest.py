@@ -46,3 +46,66 @@ def kernel_device() -> str:
     from minivllm_compile.kernels._compat import triton_interpret_enabled
 
     return "cuda" if torch.cuda.is_available() and not triton_interpret_enabled() else "cpu"
+
+
+# --- the quick tier: `python3 run.py test --quick` --------------------------------------------
+# Every test that compiles nothing (and no fresh process that does) runs in the quick tier; a test
+# that compiles carries @pytest.mark.compiles (or its module's pytestmark) and runs in the whole
+# suite only. The tier keeps itself honest: under --quick a test that makes Dynamo trace a frame or
+# Inductor lower a graph fails, naming the marker it lacks.
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="the quick tier: only the tests that compile nothing (no notebooks)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "compiles: the test compiles a model (Dynamo, Inductor, or a "
+                            "fresh process that does): left out of the quick tier")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    keep, drop = [], []
+    for item in items:
+        slow = item.get_closest_marker("compiles") or str(item.path).endswith(".ipynb")
+        (drop if slow else keep).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
+_lowered = [0]  # Inductor graphs lowered in this process (GraphLowering objects made)
+
+
+def _count_lowerings() -> None:
+    from torch._inductor.graph import GraphLowering
+
+    if getattr(GraphLowering.__init__, "_counted", False):
+        return
+    init = GraphLowering.__init__
+
+    def counted(self, *args, **kwargs):
+        _lowered[0] += 1
+        init(self, *args, **kwargs)
+
+    counted._counted = True
+    GraphLowering.__init__ = counted
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_compiles_nothing(request):
+    if not request.config.getoption("--quick"):
+        yield
+        return
+    from torch._dynamo.utils import counters
+
+    _count_lowerings()
+    frames, lowered = counters["frames"]["total"], _lowered[0]
+    yield
+    traced, lowered = counters["frames"]["total"] - frames, _lowered[0] - lowered
+    if traced or lowered:
+        pytest.fail(f"{request.node.nodeid} compiled ({traced} frames traced by Dynamo, {lowered} "
+                    "graphs lowered by Inductor) in the quick tier: mark it @pytest.mark.compiles",
+                    pytrace=False)
