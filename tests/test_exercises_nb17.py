@@ -67,4 +67,4 @@ def test_17_3_fails_the_broken_pass_as_its_own_fix():
 
 def test_17_3_says_backend_eager_turns_off_more_than_the_passes():
     with pytest.raises(ExerciseFailed, match="turns off more than the broken piece"):
-        nb17.grade_pass({"turn_off": "backend=eager", "fix": nb17.double_to_add_fixed})
+        nb17.grade_pass({"turn_off": "backend=eager", "fix": nb17.pass_solution()["fix"]})

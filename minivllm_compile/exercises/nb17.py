@@ -1,8 +1,9 @@
 """Notebook 17's exercises: three broken models, given without their cause. For each, the student
 names the one switch of vLLM's debugging guide that makes it right while turning off the least
 (viz/debugging.SWITCHES), and gives the fix. The grader reruns the broken model under that switch
-and under every narrower one, then runs the student's fix with nothing turned off, each time
-against the same model run eagerly.
+and under every narrower one (each rerun once per process), then runs the student's fix with
+nothing turned off, each time against the same model run eagerly. A wrong switch is answered with
+what it misses; the reruns' table (and the narrowest switch in it) is what the grader measured.
 
     answer = {"turn_off": "<a name from SWITCHES>", "fix": <a model class, or for 17.3 a pass>}
 """
@@ -25,8 +26,15 @@ from minivllm_compile import (
     compilation_counter,
     support_torch_compile,
 )
-from minivllm_compile.exercises import ExerciseFailed, env, exercise
-from minivllm_compile.viz.debugging import SWITCHES, apply_switch, run_and_compare, runner
+from minivllm_compile.exercises import ExerciseFailed, env, exercise, measured_once
+from minivllm_compile.viz.debugging import (
+    SWITCHES,
+    Outcome,
+    apply_switch,
+    narrowest,
+    run_and_compare,
+    runner,
+)
 
 WIDTH = 16
 MAX_TOKENS = 32
@@ -178,6 +186,27 @@ def _reference(case: _Case) -> Callable:
     return case.broken()  # no config: mode NONE, the model run eagerly
 
 
+@measured_once
+def _rerun(key: str, switch: str) -> tuple[bool, str]:
+    """The broken model of `key`, built afresh under one switch ("": as configured), against eager.
+    The same every time: a second try, or the table of a wrong answer, reuses it."""
+    case, cc = CASES[key], config(key)
+    with _quiet():
+        if not switch:
+            return run_and_compare(_build(case.broken), cc, inputs(), _reference(case))
+        return run_and_compare(_build(case.broken), apply_switch(cc, switch), inputs(),
+                               _reference(case), env=SWITCHES[switch].env)
+
+
+def _reruns(key: str, switches: list[str]) -> str:
+    """What the grader measured: each rerun's outcome, and the narrowest switch among them that
+    makes the model right."""
+    rows = [Outcome(name, *_rerun(key, name)) for name in switches]
+    said = [f"{r.switch or 'as configured'}: {'ok, ' if r.ok else ''}{r.said}" for r in rows]
+    best = ", ".join(narrowest(rows)) or "none of these"
+    return "; ".join(said) + f"; narrowest that makes it right: {best}"
+
+
 def _check_switch(case: _Case, switch: Any) -> str:
     if switch not in SWITCHES:
         raise ExerciseFailed(
@@ -185,26 +214,20 @@ def _check_switch(case: _Case, switch: Any) -> str:
         )
     # (that the model goes wrong as configured is tests/test_exercises_nb17.py's to check, not
     # each grading's)
-    cc, ref, xs = config(case.key), _reference(case), inputs()
-    ok, said = run_and_compare(
-        _build(case.broken), apply_switch(cc, switch), xs, ref, env=SWITCHES[switch].env
-    )
-    if not ok:
+    if not _rerun(case.key, switch)[0]:
         raise ExerciseFailed(
-            f"rerun with {switch}, the broken model still goes wrong ({said}): {switch} leaves the "
-            f"broken piece on. Rerun it under the other switches, as in {case.section}"
+            f"rerun with {switch}, the broken model still goes wrong: {switch} leaves the broken "
+            "piece on. Rerun it under the other switches, from the narrowest up (§1's table; §6 "
+            "shows how)",
+            measured=_reruns(case.key, ["", *SWITCHES]),
         )
-    for other in SWITCHES.values():
-        if other.narrower_than(SWITCHES[switch]):
-            ok, _ = run_and_compare(
-                _build(case.broken), apply_switch(cc, other.name), xs, ref, env=other.env
-            )
-            if ok:
-                raise ExerciseFailed(
-                    f"{switch} makes it right, but it turns off more than the broken piece: "
-                    "a switch "
-                    "that turns off less also does (compare what each one turns off, §1's table)"
-                )
+    narrower = [s.name for s in SWITCHES.values() if s.narrower_than(SWITCHES[switch])]
+    if any(_rerun(case.key, name)[0] for name in narrower):
+        raise ExerciseFailed(
+            f"{switch} makes it right, but it turns off more than the broken piece: a switch that "
+            "turns off less also does (compare what each one turns off, §1's table)",
+            measured=_reruns(case.key, [switch, *narrower]),
+        )
     return f"{switch} is the narrowest switch that makes it right"
 
 
@@ -231,21 +254,25 @@ def _fix_class(case: _Case, fix: Any) -> str:
     before = compilation_counter.num_dynamo_traces
     ok, said = run_and_compare(_build(fix), config(case.key), xs, ref)
     traces = compilation_counter.num_dynamo_traces - before
+    measured = (f"{fix.__name__} compiled as configured "
+                f"{'matches eager' if ok else 'does not match eager: ' + said}; "
+                f"Dynamo traced it {traces} times")
     if not ok:
+        how = "runs but differs from eager" if said.startswith("wrong at") else "fails"
         raise ExerciseFailed(
-            f"your fix, compiled as the broken model was ({config(case.key).mode.name}), does not "
-            f"match eager: {said}. Reread {case.section} for the ways out"
-        )
+            f"your fix, compiled as the broken model was ({config(case.key).mode.name}), {how}: "
+            f"what broke the model is still in its forward ({case.section} shows the ways out)",
+            measured=measured)
     if traces != 1:
         raise ExerciseFailed(
-            f"your fix matches eager but Dynamo traced it {traces} times, not once: it must still "
-            f"compile, as one graph for every size (no ignore_torch_compile; reread {case.section})"
-        )
+            "your fix matches eager, but Dynamo did not trace it exactly once: it must still "
+            f"compile, as one graph for every size (no ignore_torch_compile; {case.section})",
+            measured=measured)
     if case.key == "17.1" and not _refuses_nan(fix):
         raise ExerciseFailed(
             "your fix compiles and matches eager, but lets a NaN through: the check is what this "
-            "model is for. Keep it, where Dynamo does not trace it (reread §3's fixes)"
-        )
+            "model is for. Keep it, where Dynamo does not trace it (§3's fixes)",
+            measured=f"{measured}; with a NaN in its input it returned a tensor, no error")
     sizes = ", ".join(map(str, SIZES))
     return f"your {fix.__name__} compiles once and matches eager at {sizes} tokens."
 
@@ -258,21 +285,23 @@ def _fix_pass(case: _Case, fix: Any) -> str:
     ok, said = run_and_compare(
         _build(case.broken), config(case.key, user_pass=fix), inputs(), _reference(case)
     )
+    measured = f"{case.broken.__name__} compiled with your pass: {said}"
     if not ok:
         raise ExerciseFailed(
-            f"with your pass the compiled model still goes wrong ({said}): reread {case.section}"
-        )
-    rewritten = _doubles_left(fix)
-    if rewritten:
+            "with your pass the compiled model still goes wrong: the pass still changes what the "
+            f"model computes. Run it on a small graph, before and after, as {case.section} does",
+            measured=measured)
+    left = _muls_left(fix)
+    if 2 in left:
         raise ExerciseFailed(
-            f"your pass leaves {rewritten} in a graph that has one: it must still do its job, "
-            "x * 2 into x + x, and nothing else"
-        )
+            "your pass leaves x * 2 in a graph that has one: it must still do its job, x * 2 into "
+            "x + x, and nothing else", measured=f"{measured}; on (x * 2) * 3, the multiplies your "
+            f"pass left: {', '.join(f'* {c}' for c in left)}")
     return "your pass turns x * 2 into x + x and leaves every other multiply alone."
 
 
-def _doubles_left(pass_: Callable[[torch.fx.Graph], None]) -> str:
-    """Run the pass on a small graph with x * 2 and x * 3: what it should rewrite but did not."""
+def _muls_left(pass_: Callable[[torch.fx.Graph], None]) -> list:
+    """Run the pass on a small graph, (x * 2) * 3: the constants still multiplied by after it."""
 
     def f(x):
         return (x * 2) * 3
@@ -280,10 +309,8 @@ def _doubles_left(pass_: Callable[[torch.fx.Graph], None]) -> str:
     gm = make_fx(f)(torch.ones(4))
     pass_(gm.graph)
     aten = torch.ops.aten
-    muls = [
-        n.args[1] for n in gm.graph.nodes if n.op == "call_function" and n.target == aten.mul.Tensor
-    ]
-    return "x * 2" if 2 in muls else ""
+    return [n.args[1] for n in gm.graph.nodes
+            if n.op == "call_function" and n.target == aten.mul.Tensor]
 
 
 def _grade(key: str, answer: Any, check_fix: Callable[[_Case, Any], str]) -> str:
@@ -297,7 +324,7 @@ def _grade(key: str, answer: Any, check_fix: Callable[[_Case, Any], str]) -> str
 
 
 # ---------------------------------------------------------------------------------------------
-# reference solutions
+# reference solutions (their source is what exercises.solution_source shows)
 
 
 @torch.library.custom_op("nb17::centre_if_long", mutates_args=())
@@ -324,42 +351,59 @@ def _(h: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(h)
 
 
-def _checked_fixed() -> type:
+def graph_break_solution() -> dict:
     class CheckedFixed(Checked):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.down(torch.ops.nb17.refuse_nan(torch.relu(self.up(x))))
+            return self.down(torch.ops.nb17.refuse_nan(torch.relu(self.up(x))))  # custom op above
 
-    return CheckedFixed
+    # STOCK_TORCH_COMPILE compiles with fullgraph=True too: the same graph break
+    return {"turn_off": "mode=NONE", "fix": CheckedFixed}
 
 
-def _two_path_fixed() -> type:
+def shape_solution() -> dict:
     class TwoPathFixed(TwoPath):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.down(torch.relu(torch.ops.nb17.centre_if_long(self.up(x))))
+            return self.down(torch.relu(torch.ops.nb17.centre_if_long(self.up(x))))  # custom op
 
-    return TwoPathFixed
+    # plain torch.compile keeps the shape guard and retraces below 16 tokens
+    return {"turn_off": "mode=STOCK_TORCH_COMPILE", "fix": TwoPathFixed}
 
 
-def double_to_add_fixed(graph: torch.fx.Graph) -> None:
-    aten = torch.ops.aten
-    for node in list(graph.nodes):
-        if node.op == "call_function" and node.target == aten.mul.Tensor and node.args[1] == 2:
-            x = node.args[0]
-            with graph.inserting_before(node):
-                add = graph.call_function(aten.add.Tensor, (x, x))
-            add.meta = dict(node.meta)
-            node.replace_all_uses_with(add)
-            graph.erase_node(node)
+def pass_solution() -> dict:
+    def double_to_add_fixed(graph: torch.fx.Graph) -> None:
+        aten = torch.ops.aten
+        for node in list(graph.nodes):
+            # the bug: every multiply by a constant was rewritten, x * 3 into x + x too
+            if node.op == "call_function" and node.target == aten.mul.Tensor \
+                    and node.args[1] == 2:
+                x = node.args[0]
+                with graph.inserting_before(node):
+                    add = graph.call_function(aten.add.Tensor, (x, x))
+                add.meta = dict(node.meta)
+                node.replace_all_uses_with(add)
+                graph.erase_node(node)
+
+    # Inductor and the mode are innocent: only the passes need to go
+    return {"turn_off": "passes off", "fix": double_to_add_fixed}
 
 
 @exercise(
     "17.1",
     "a model that will not compile",
+    section="notebook 17 §3 (Dynamo: a graph break) and §1 (the switches)",
     hint="run it as configured, read what Dynamo says and where; then rerun it under the "
     "switches, from the narrowest up (§1, §3)",
-    solution=lambda: {"turn_off": "mode=NONE", "fix": _checked_fixed()},
-    wrong=lambda: {"turn_off": "backend=eager", "fix": _checked_fixed()},
+    deeper_hint="Call runner(nb17.Checked(compilation_config=nb17.config('17.1'))) on each of "
+    "nb17.inputs(): the error names what Dynamo cannot put in a graph, and its last lines (from "
+    "user code) the line of forward. Then rerun(lambda cc: runner(nb17.Checked("
+    "compilation_config=cc)), nb17.config('17.1'), nb17.inputs(), nb17.Checked()) reruns a fresh "
+    "model under every switch, as §6 does; print(table(rows)) and ask which switches that make "
+    "it right have no narrower one that does too. For the fix, of §3's three ways out, which keeps forward one compiled graph and still runs the check at "
+    "every call?",
+    solution=graph_break_solution,
+    wrong=lambda: {**graph_break_solution(), "turn_off": "backend=eager"},
     wrong_says="still goes wrong",
+    gives_away="narrowest that makes it right: mode=NONE",
 )
 def grade_graph_break(answer: Any) -> str:
     return _grade("17.1", answer, _fix_class)
@@ -368,11 +412,20 @@ def grade_graph_break(answer: Any) -> str:
 @exercise(
     "17.2",
     "a model right at one size, wrong at others",
+    section="notebook 17 §4 (dynamic shapes: a specialisation) and §1 (the switches)",
     hint="compare it with eager at every size of nb17.SIZES; then ask which switch brings the "
     "guards back (§4)",
-    solution=lambda: {"turn_off": "mode=STOCK_TORCH_COMPILE", "fix": _two_path_fixed()},
-    wrong=lambda: {"turn_off": "mode=NONE", "fix": _two_path_fixed()},
+    deeper_hint="Build runner(nb17.TwoPath(compilation_config=nb17.config('17.2'))) and the "
+    "eager nb17.TwoPath(), and compare them on each of nb17.inputs() in order: the first call "
+    "traces, at the warm-up size. Which sizes go wrong, and which line of forward decides by the "
+    "number of tokens? vLLM's modes drop the guard Dynamo put on that line; §5 shows a mode that "
+    "keeps its guards and traces again when one fails. Check your choice with rerun and "
+    "table, as §6 uses them: no narrower switch may also make it right. For the fix, §4's last "
+    "cell moves a branch on the size to where it runs at every call, at the call's size.",
+    solution=shape_solution,
+    wrong=lambda: {**shape_solution(), "turn_off": "mode=NONE"},
     wrong_says="turns off more than the broken piece",
+    gives_away="narrowest that makes it right: mode=STOCK_TORCH_COMPILE",
 )
 def grade_shape(answer: Any) -> str:
     return _grade("17.2", answer, _fix_class)
@@ -381,10 +434,19 @@ def grade_shape(answer: Any) -> str:
 @exercise(
     "17.3",
     "a model wrong only with Inductor",
+    section="notebook 17 §6 (Inductor: a wrong result) and §1 (the switches)",
     hint="bisect as §6 does: the passes, then the backend, then the mode; then read the pass",
-    solution=lambda: {"turn_off": "passes off", "fix": double_to_add_fixed},
-    wrong=lambda: {"turn_off": "passes off", "fix": lambda graph: None},
+    deeper_hint="rerun(lambda cc: nb17.Doubler(compilation_config=cc), nb17.config('17.3'), "
+    "nb17.inputs(), nb17.Doubler(), switches=[\"passes off\", \"backend=eager\", \"mode=NONE\"]) "
+    "bisects as §6 does; narrowest(rows) reads off where to look. Then read the user's pass, "
+    "print(inspect.getsource(nb17.double_to_add)), and run it on a small graph as §6 does: "
+    "make_fx of a function that multiplies by 2 and then by another constant, the code before "
+    "and after with unified_diff. Which multiplies does the pass rewrite, and which should it? "
+    "Your pass must still rewrite what the pass is for.",
+    solution=pass_solution,
+    wrong=lambda: {**pass_solution(), "fix": lambda graph: None},
     wrong_says="must still do its job",
+    gives_away="node.args[1] == 2",
 )
 def grade_pass(answer: Any) -> str:
     return _grade("17.3", answer, _fix_pass)

@@ -130,9 +130,9 @@ def runner(module: torch.nn.Module) -> Callable:
     caller compiles it (plain torch.compile); in every other mode the module is its own wrapper."""
     cc = getattr(module, "compilation_config", None)
     if cc is not None and cc.mode == CompilationMode.STOCK_TORCH_COMPILE:
-        from minivllm_compile.decorators import stock_torch_compile
+        from minivllm_compile.wrapper import compile_model_with_stock_torch
 
-        return stock_torch_compile(module, cc)
+        return compile_model_with_stock_torch(module, cc)
     return module
 
 
@@ -210,7 +210,7 @@ def table(rows: Sequence[Outcome]) -> str:
 
 def changed_factors(entry_a: str | Path, entry_b: str | Path) -> dict[str, tuple[Any, Any]]:
     """The cache-key factors two backend entries of the compile cache differ in (each entry's
-    cache_key_factors.json, as caching.describe() lists them): why the second one missed."""
+    cache_key_factors.json, as viz.describe_cache() lists them): why the second one missed."""
     a, b = (
         json.loads((Path(p) / "cache_key_factors.json").read_text()) for p in (entry_a, entry_b)
     )
