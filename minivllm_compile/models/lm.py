@@ -16,6 +16,7 @@ from torch import nn
 from minivllm_compile.config import CompilationMode, CUDAGraphMode
 from minivllm_compile.cuda_graph import CUDAGraphWrapper, CudagraphDispatcher, capture_phase, min_cudagraph_support
 from minivllm_compile.decorators import stock_torch_compile
+from minivllm_compile.distributed import LogitsProcessor
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.layers import Attention, ShortConv
@@ -25,9 +26,11 @@ BLOCK_SIZE = 16
 
 
 class LM:
-    def __init__(self, model: nn.Module, lm_head: nn.Linear, cfg: ModelConfig,
+    def __init__(self, model: nn.Module, lm_head: nn.Module, cfg: ModelConfig,
                  checkpoint_dir: Path | None = None):
         self.model, self.lm_head, self.config = model, lm_head, cfg
+        # the LM head's matmul, and under TP the gather of every rank's share of the vocabulary
+        self.logits_processor = LogitsProcessor(cfg.vocab_size)
         self.tokenizer = ByteTokenizer()
         self.checkpoint_dir = checkpoint_dir
         # STOCK_TORCH_COMPILE is the model runner's job in vLLM: plain torch.compile of the model
@@ -164,7 +167,7 @@ class LM:
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.lm_head(hidden_states)
+            return self.logits_processor(self.lm_head, hidden_states)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One prefill of one new sequence: logits [num_tokens, vocab] for every token."""
