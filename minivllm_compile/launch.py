@@ -110,8 +110,8 @@ def run(fn: Callable, tp: int = 2, *, args: tuple = (), kwargs: dict | None = No
     `fn` may be defined in a notebook cell (it is sent by value). `backend`: "gloo" (CPU tensors,
     the default without `tp` GPUs) or "nccl" (rank r on cuda:r). `timeout` bounds the whole run
     and `distributed_timeout` every collective (seconds). `echo` prints every rank's output
-    afterwards. Raises LaunchError naming the rank that failed first, TimeoutError, or OSError
-    for a busy `port`."""
+    afterwards. Raises LaunchError naming the rank that failed first, LaunchTimeout (a
+    TimeoutError), or OSError for a busy `port`."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
     if backend is None:
@@ -122,8 +122,8 @@ def run(fn: Callable, tp: int = 2, *, args: tuple = (), kwargs: dict | None = No
     job = {"fn": by_value.dumps(fn), "args": tuple(args), "kwargs": dict(kwargs or {}), "tp": tp,
            "world_size": tp, "backend": backend, "distributed_timeout": distributed_timeout,
            "sys_path": [p for p in sys.path if p]}
+    sock = _bind(port)  # first: a busy port is refused before anything exists
     job_dir = Path(tempfile.mkdtemp(prefix="minivllm_launch_"))
-    sock = _bind(port)
     procs: list[subprocess.Popen] = []
     try:
         (job_dir / "job.pkl").write_bytes(pickle.dumps(job))
@@ -187,15 +187,20 @@ def _failure(codes: list[int | None], logs: list[str], job_dir: Path,
     # (the others' errors are usually "connection closed by peer" after it)
     failed = [r for r, c in enumerate(codes) if c]
     first = next((r for r in failed if codes[r] is not None and codes[r] < 0), failed[0])
+    order = [first, *[r for r in range(len(codes)) if r != first and codes[r] != 0]]
     lines = []
-    for r in [first, *[r for r in range(len(codes)) if r != first]]:
+    for r in order:
         err = job_dir / f"error_{r}.txt"
-        what = err.read_text().splitlines()[0] if err.exists() else _tail(logs[r], 3)
-        if codes[r] == 0:
-            continue
+        if err.exists():  # the exception it raised
+            what = err.read_text().splitlines()[0]
+        elif codes[r] is not None and codes[r] > 0:  # it died before it could say (an import)
+            what = _tail(logs[r], 1)
+        else:  # killed: nothing of its own to say
+            what = ""
         lines.append(f"rank {r} {_how(codes[r])}" + (f": {what}" if what else ""))
-    detail = _tail(logs[first]) or "(no output)"
-    return LaunchError("; ".join(lines) + f"\n--- rank {first}'s last output ---\n{detail}",
+    shown = next((r for r in order if logs[r].strip()), first)  # a killed rank may have no output
+    detail = _tail(logs[shown]) or "(no output)"
+    return LaunchError("; ".join(lines) + f"\n--- rank {shown}'s last output ---\n{detail}",
                        first, codes, logs, pids)
 
 
