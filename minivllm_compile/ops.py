@@ -381,5 +381,5 @@ def short_conv(hidden_states: Tensor, output: Tensor, layer_name: str) -> None:
         y = fn(bx.transpose(0, 1).contiguous(), layer.conv_weight, None, layer.conv_state,
                md.query_start_loc, cache_indices=md.state_indices,
                has_initial_state=md.context_lens > 0, activation=None).transpose(0, 1)
-    output.copy_(F.linear(c_gate * y, layer.out_proj.weight))
+    output.copy_(layer.out_proj(c_gate * y))  # a RowParallelLinear: it all-reduces under TP
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+import minivllm_compile.distributed.linear as linear_module
 import minivllm_compile.models.layers as layers_module
 import minivllm_compile.models.llama as llama_module
 from minivllm_compile import (
@@ -180,7 +181,8 @@ def test_traced_files_include_the_model_and_inlined_helpers():
     lm(torch.arange(4), torch.arange(4))
     assert llama_module.__file__ in cc.traced_files  # the decorated forward
     assert layers_module.__file__ in cc.traced_files  # RMSNorm etc., inlined by Dynamo
-    assert torch.nn.modules.linear.__file__ in cc.traced_files
+    assert linear_module.__file__ in cc.traced_files  # the parallel linears' forward
+    assert torch.nn.modules.sparse.__file__ in cc.traced_files  # nn.Embedding's, through its subclass
 
 
 @pytest.mark.parametrize("ds_type", list(DynamicShapesType))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm_compile.distributed import QKVParallelLinear, RowParallelLinear
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding, ShortConv
 from minivllm_compile.models.llama import LlamaModel
@@ -16,10 +17,15 @@ from minivllm_compile.models.llama import LlamaModel
 class HybridAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, prefix: str, static_forward_context: dict):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, bias=False,
+                                          prefix=f"{prefix}.qkv_proj", return_bias=False)
+        # this rank's heads (all of them at TP=1)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
+                                        bias=False, prefix=f"{prefix}.o_proj", return_bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
@@ -44,7 +50,7 @@ class HybridDecoderLayer(nn.Module):
             self.conv = ShortConv(cfg.hidden_size, cfg.conv_L_cache, f"{prefix}.conv", static_forward_context)
         else:
             self.self_attn = HybridAttention(cfg, f"{prefix}.self_attn", static_forward_context)
-        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -11,6 +11,14 @@ from torch import nn
 
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile.config import AttentionCGSupport, get_current_compilation_config
+from minivllm_compile.distributed import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    divide,
+    get_tensor_model_parallel_world_size,
+    set_weight_attrs,
+    sharded_weight_loader,
+)
 from minivllm_compile.kernels.rotary_embedding import compute_cos_sin_cache, rotary_embedding_ref
 
 
@@ -80,11 +88,14 @@ class RotaryEmbedding(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, prefix: str = "mlp"):
         super().__init__()
-        # gate and up stacked into one matmul on load, as vLLM's MergedColumnParallelLinear
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        # gate and up stacked into one matmul on load; under TP each rank holds a slice of both
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias=False, prefix=f"{prefix}.gate_up_proj",
+            return_bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False,
+                                           prefix=f"{prefix}.down_proj", return_bias=False)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,9 +137,15 @@ class ShortConv(nn.Module):
 
     def __init__(self, hidden_size: int, l_cache: int, layer_name: str, static_forward_context: dict):
         super().__init__()
-        self.in_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
-        self.conv_weight = nn.Parameter(torch.empty(hidden_size, l_cache))  # depthwise [dim, width]
-        self.out_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        # under TP each rank mixes a slice of the channels: its part of B, C and x, of the depthwise
+        # kernel and of the state; out_proj all-reduces (inside the opaque op, as in vLLM)
+        self.in_proj = MergedColumnParallelLinear(hidden_size, [hidden_size] * 3, bias=False,
+                                                  return_bias=False)
+        dim = divide(hidden_size, get_tensor_model_parallel_world_size(),
+                     "hidden_size (the short conv's channels)")
+        self.conv_weight = nn.Parameter(torch.empty(dim, l_cache))  # depthwise [dim, width]
+        set_weight_attrs(self.conv_weight, {"weight_loader": sharded_weight_loader(0)})
+        self.out_proj = RowParallelLinear(hidden_size, hidden_size, bias=False, return_bias=False)
         self.layer_name = layer_name
         self.conv_state = torch.empty(0)  # [num_seqs, dim, width - 1], allocated per batch
         if layer_name in static_forward_context:

@@ -5,8 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm_compile.config import CompilationConfig, CompilationMode, set_current_compilation_config
+from minivllm_compile.config import (
+    CompilationConfig,
+    CompilationMode,
+    set_current_compilation_config,
+)
 from minivllm_compile.decorators import support_torch_compile
+from minivllm_compile.distributed import (
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding
 from minivllm_compile.nvtx import add_layerwise_hooks
@@ -15,11 +24,16 @@ from minivllm_compile.nvtx import add_layerwise_hooks
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, prefix: str, static_forward_context: dict):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        # q, k and v stacked into one matmul on load; under TP each rank holds its heads' rows
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, bias=False,
+                                          prefix=f"{prefix}.qkv_proj", return_bias=False)
+        # this rank's heads
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        # q, k and v stacked into one matmul on load, as vLLM's QKVParallelLinear
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
+                                        bias=False, prefix=f"{prefix}.o_proj", return_bias=False)
         self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, f"{prefix}.attn",
                               static_forward_context)
@@ -35,7 +49,7 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, prefix: str, static_forward_context: dict):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, f"{prefix}.self_attn", static_forward_context)
-        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -61,7 +75,8 @@ class LlamaModel(nn.Module):
         self.cfg, self.compilation_config = cfg, compilation_config
         self.static_forward_context: dict = {}  # layer_name -> module, for the opaque ops
         with set_current_compilation_config(compilation_config or CompilationConfig(mode=CompilationMode.NONE)):
-            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
+                                                       prefix=f"{prefix}.embed_tokens")
             self.layers = nn.ModuleList(
                 self.make_layer(cfg, f"{prefix}.layers.{i}", i) for i in range(cfg.num_hidden_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -18,6 +18,7 @@ from torch import nn
 
 from minivllm_compile.config import CompilationMode, CUDAGraphMode
 from minivllm_compile.cuda_graph import CUDAGraphWrapper, CudagraphDispatcher, min_cudagraph_support
+from minivllm_compile.distributed import LogitsProcessor
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.inputs import check_generate_args, check_prefill_inputs
@@ -49,9 +50,11 @@ def _one_call_at_a_time(method):
 
 
 class LM:
-    def __init__(self, model: nn.Module, lm_head: nn.Linear, cfg: ModelConfig,
+    def __init__(self, model: nn.Module, lm_head: nn.Module, cfg: ModelConfig,
                  checkpoint_dir: Path | None = None):
         self.model, self.lm_head, self.config = model, lm_head, cfg
+        # the LM head's matmul, and under TP the gather of every rank's share of the vocabulary
+        self.logits_processor = LogitsProcessor(cfg.vocab_size)
         self.tokenizer = ByteTokenizer()
         self.checkpoint_dir = checkpoint_dir
         if cfg.vocab_size < self.tokenizer.vocab_size:
@@ -208,7 +211,7 @@ class LM:
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.lm_head(hidden_states)
+            return self.logits_processor(self.lm_head, hidden_states)
 
     @_one_call_at_a_time
     def __call__(self, input_ids: torch.Tensor | list[int],

@@ -141,3 +141,52 @@ def load_checkpoint_weights(model: nn.Module, lm_head: nn.Linear, cfg, path: str
     for module in model.modules():  # vLLM's loader does this too, once every weight is in
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
+
+
+# --- tensor parallelism: each rank's shard of the same checkpoint ---------------------------------
+# (the single-process path above is unchanged; this one hands every whole checkpoint tensor to the
+# parameter's weight_loader, which keeps this rank's rows or columns: vLLM's load_weights loop)
+
+def load_checkpoint_shards(model: nn.Module, lm_head: nn.Module, cfg,
+                           tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Fill a tensor-parallel `model` and `lm_head` with this rank's shard of `tensors` (a whole
+    checkpoint, by Hugging Face names; `source` names it in errors). The same names are required as
+    on one rank; each shape is checked by the layer against the whole, unsharded tensor."""
+    from minivllm_compile.distributed import default_weight_loader
+
+    params = {f"model.{n}": p for n, p in model.named_parameters()}
+    params["lm_head.weight"] = lm_head.weight
+    spec = expected_checkpoint(params, cfg)  # its names do not depend on the shapes
+    missing, extra = sorted(set(spec) - set(tensors)), sorted(set(tensors) - set(spec))
+    if missing or extra:
+        raise ValueError(f"{source}: checkpoint does not fit a {cfg.model_type} model with "
+                         f"{cfg.num_hidden_layers} layers: missing {missing[:5]}, "
+                         f"unexpected {extra[:5]}")
+    for ck_name, (ours, _, _) in spec.items():
+        t, param = tensors[ck_name], params[ours]
+        if ours.endswith(".conv.conv_weight") and t.dim() == 3 and t.shape[1] == 1:
+            t = t[:, 0]  # nn.Conv1d's [dim, 1, width] -> ours [dim, width]
+        stacked = [i for ck, (piece, i) in STACKED.items() if ck in ck_name and piece in ours]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            with torch.no_grad():
+                if stacked:  # q/k/v by letter (vLLM's QKVParallelLinear), gate/up by index
+                    loader(param, t, "qkv"[stacked[0]] if ".qkv_proj." in ours else stacked[0])
+                else:
+                    loader(param, t)
+        except ValueError as e:
+            raise ValueError(f"{source}: tensor {ck_name!r}: {e}") from None
+    if cfg.tie_word_embeddings:
+        lm_head.weight = model.embed_tokens.weight
+
+
+def checkpoint_tensors(model: nn.Module, lm_head: nn.Module, cfg) -> dict[str, torch.Tensor]:
+    """The checkpoint a single-process model would load, from its parameters (the inverse of
+    load_checkpoint_weights): by Hugging Face names, q/k/v and gate/up unstacked."""
+    params = {f"model.{n}": p for n, p in model.named_parameters()}
+    params["lm_head.weight"] = lm_head.weight
+    out = {}
+    for ck_name, (ours, rows, shape) in expected_checkpoint(params, cfg).items():
+        t = params[ours].detach()
+        out[ck_name] = (t if rows is None else t[rows]).reshape(shape).clone()
+    return out
