@@ -256,7 +256,7 @@ def _matches(entry: str, path: str) -> bool:
     solution=lambda: {"kernels/rotary_embedding.py"},
     wrong=lambda: {"kernels/rotary_embedding.py", "torch/nn/functional.py"},
     wrong_says="functional.py",
-    gives_away="join: minivllm_compile/kernels/rotary_embedding.py",
+    gives_away="kernels/rotary_embedding.py",
 )
 def grade_traced_files(answer: Any) -> str:
     if isinstance(answer, (str, Path)) or not isinstance(answer, (set, list, tuple, frozenset)):
