@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @dataclasses.dataclass
@@ -40,10 +40,10 @@ class CompilationCounter:
     num_dynamo_traces: int = 0  # Dynamo graphs handed to any backend of ours, in every mode
     num_unique_compiles: int = 0  # compiles that ran, in every mode (an identical piece reuses the first)
 
-    def clone(self) -> "CompilationCounter":
+    def clone(self) -> CompilationCounter:
         return copy.deepcopy(self)
 
-    def since(self, before: "CompilationCounter") -> "CounterDelta":
+    def since(self, before: CompilationCounter) -> CounterDelta:
         """How much each counter moved since `before` (a `clone()` taken earlier). vLLM has only
         `expect`, which asserts; this reads the change, to print it or to assert on it after."""
         if not isinstance(before, CompilationCounter):

@@ -34,6 +34,6 @@ def test_since_and_expect_read_the_same_change():
     with compilation_counter.expect(num_backend_compilations=2, num_graphs_seen=0):
         compilation_counter.num_backend_compilations += 2
     assert compilation_counter.since(before) == {"num_backend_compilations": 2}
-    with pytest.raises(AssertionError, match="num_backend_compilations: 1 != 2"):
-        with compilation_counter.expect(num_backend_compilations=2):
-            compilation_counter.num_backend_compilations += 1
+    with pytest.raises(AssertionError, match="num_backend_compilations: 1 != 2"), \
+            compilation_counter.expect(num_backend_compilations=2):
+        compilation_counter.num_backend_compilations += 1
