@@ -11,11 +11,13 @@ from minivllm_compile.startup import run_in_fresh_process, start_child
 
 @pytest.mark.compiles  # the child traces with Dynamo (eager backend: no Inductor)
 def test_a_mode_runs_in_its_own_process_and_reports_its_counters(tmp_path):
-    r = run_mode("DYNAMO_TRACE_ONCE", backend="eager", device="cpu", work_dir=tmp_path, inductor_cache="ind",
+    r = run_mode("STOCK_TORCH_COMPILE", backend="eager", device="cpu", work_dir=tmp_path, inductor_cache="ind",
                  logits_file="logits.pt", max_new_tokens=4, repeats=2)
-    # traced once, on the first call; nothing after it, for any shape or step of generate()
-    assert r["counters_first_call"]["num_dynamo_traces"] == 1 and r["counters_after"] == {}
-    assert r["counters_after"]["num_dynamo_traces"] == 0  # (a counter that did not move reads 0)
+    # stock torch.compile traces on the first call, and again at the later shapes (its guards):
+    # each counted where it happened
+    first, after = r["counters_first_call"], r["counters_after"]
+    assert first["num_dynamo_traces"] == 1 and after["num_dynamo_traces"] >= 1
+    assert first["num_graphs_seen"] == 0  # (a counter that did not move reads 0)
     assert set(r["latency_s"]) == set(r["first_at_shape_s"]) == {"decode", "prefill"}
     assert 0 < r["first_call_s"] and 0 < r["import_build_s"] and all(v > 0 for v in r["latency_s"].values())
     eager = load_model("tiny-llama")
