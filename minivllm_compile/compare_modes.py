@@ -3,7 +3,8 @@ call, per-step latency at a decode and a prefill shape, the greedy text, the log
 what the counters did on the first call and after it.
 
     r = run_mode("VLLM_COMPILE", work_dir=WORK, inductor_cache="ind_vllm", logits_file="l.pt")
-    r["first_call_s"], r["latency_s"]["decode"], r["texts"], r["counters_first_call"]["num_dynamo_traces"]
+    r["first_call_s"], r["latency_s"]["decode"], r["texts"]
+    r["counters_first_call"]["num_dynamo_traces"]  # the counters the first call moved
 
 Each run is its own process (`startup.run_in_fresh_process`), so no run inherits another's Dynamo
 or Inductor state. A measurement, never a test: these machines are shared and noisy.
@@ -61,7 +62,8 @@ def mode_child(spec: dict) -> dict:
     for name, (seqs, each, ctx) in SHAPES.items():
         table = lm.allocate_caches([ctx] * seqs)
         md = lm.metadata([each] * seqs, [ctx] * seqs, list(range(seqs)), table)
-        ids = torch.randint(0, 256, (seqs * each,), generator=torch.Generator().manual_seed(0)).to(device)
+        ids = torch.randint(0, 256, (seqs * each,), generator=torch.Generator().manual_seed(0))
+        ids = ids.to(device)
         pos = torch.cat([torch.arange(ctx - each, ctx)] * seqs).to(device)
         first_at_shape[name] = timed_step(ids, pos, md)
         for _ in range(3):
@@ -82,7 +84,8 @@ def mode_child(spec: dict) -> dict:
     return {"import_build_s": t1 - startup.STARTED_AT, "first_call_s": t2 - t1,
             "first_at_shape_s": first_at_shape, "latency_s": latency, "texts": texts,
             "logits_path": spec["logits_path"],
-            "counters_first_call": first_call, "counters_after": compilation_counter.since(after_warmup)}
+            "counters_first_call": first_call,
+            "counters_after": compilation_counter.since(after_warmup)}
 
 
 def run_mode(mode: str, *, work_dir: str | Path, inductor_cache: str, logits_file: str,
@@ -98,13 +101,15 @@ def run_mode(mode: str, *, work_dir: str | Path, inductor_cache: str, logits_fil
     from minivllm_compile.envs import default_device
 
     work = Path(work_dir)
-    # without TRITON_CACHE_DIR, Triton's compiled kernels (on a GPU) live in the Inductor cache dir too
+    # without TRITON_CACHE_DIR, Triton's compiled kernels (on a GPU) live in the Inductor cache dir
     environ: dict[str, str | None] = {
-        "TORCHINDUCTOR_CACHE_DIR": str(work / inductor_cache), "VLLM_CACHE_ROOT": str(work / "vllm_cache"),
-        "VLLM_DISABLE_COMPILE_CACHE": "1", "VLLM_FORCE_AOT_LOAD": None, "VLLM_USE_MEGA_AOT_ARTIFACT": None,
-        "TRITON_CACHE_DIR": None, **(env or {})}
+        "TORCHINDUCTOR_CACHE_DIR": str(work / inductor_cache),
+        "VLLM_CACHE_ROOT": str(work / "vllm_cache"), "VLLM_DISABLE_COMPILE_CACHE": "1",
+        "VLLM_FORCE_AOT_LOAD": None, "VLLM_USE_MEGA_AOT_ARTIFACT": None, "TRITON_CACHE_DIR": None,
+        **(env or {})}
     spec = {"mode": mode, "model": model, "backend": backend, "device": device or default_device(),
-            "prompts": prompts if prompts is not None else PROMPTS, "max_new_tokens": max_new_tokens,
+            "prompts": prompts if prompts is not None else PROMPTS,
+            "max_new_tokens": max_new_tokens,
             "repeats": repeats, "logits_path": str(work / logits_file)}
     result = run_in_fresh_process(mode_child, spec, environ)
     for key in ("counters_first_call", "counters_after"):

@@ -45,7 +45,8 @@ _RESULT = "RESULT "
 
 
 def run_in_fresh_process(child: Callable[[dict], dict], spec: dict,
-                         env: dict[str, str | None] | None = None, timeout_s: float = 900.0) -> dict:
+                         env: dict[str, str | None] | None = None,
+                         timeout_s: float = 900.0) -> dict:
     """Call `child(spec)` in a fresh Python process and return what it returned.
 
     `child` is a module-level function of an importable module; `spec` and its result are JSON
@@ -72,7 +73,8 @@ def run_in_fresh_process(child: Callable[[dict], dict], spec: dict,
                            f"{proc.stderr[-3000:]}")
     line = next((line for line in proc.stdout.splitlines() if line.startswith(_RESULT)), None)
     if line is None:
-        raise RuntimeError(f"{target} printed no result in its fresh process:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{target} printed no result in its fresh process:\n"
+                           f"{proc.stderr[-3000:]}")
     return json.loads(line[len(_RESULT):])
 
 
@@ -91,16 +93,20 @@ def start_child(spec: dict) -> dict:
     from minivllm_compile.models import build_model
 
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=spec["sizes"],
-                           compile_ranges_endpoints=spec["endpoints"], max_num_batched_tokens=spec["max"])
-    lm = build_model("llama", num_layers=spec["layers"], compilation_config=cc, device=default_device())
+                           compile_ranges_endpoints=spec["endpoints"],
+                           max_num_batched_tokens=spec["max"])
+    lm = build_model("llama", num_layers=spec["layers"], compilation_config=cc,
+                     device=default_device())
     t1 = time.perf_counter()
-    out = lm(torch.arange(7, device=lm.device), torch.arange(7, device=lm.device))  # load or compile, then run
+    ids = torch.arange(7, device=lm.device)
+    out = lm(ids, ids)  # load or compile, then run
     out = out.cpu()  # (on a GPU: waits for the kernels, so the first call is timed whole)
     t2 = time.perf_counter()
     from torch._dynamo.utils import counters
 
-    hits = {**{k: counters["inductor"][k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")},
-            **{k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}}
+    hits = {k: counters[group][k] for group, keys in (
+        ("inductor", ("fxgraph_cache_hit", "fxgraph_cache_miss")),
+        ("aot_autograd", ("autograd_cache_hit", "autograd_cache_miss"))) for k in keys}
     return {"first_call_s": t2 - t1, "done_at": time.time(), "import_build_s": t1 - STARTED_AT,
             "inductor_cache": hits, "counters": vars(compilation_counter),
             "checksum": float(out.double().sum())}

@@ -13,7 +13,8 @@ from minivllm_compile.bench import NAMES, code_stats, exit_code, targets
 from minivllm_compile.viz.kernels import call_stats
 
 STATS = {"median", "min", "max", "q1", "q3", "n"}
-CODE_STATS = {"buffers", "buffer_bytes", "generated_kernels", "copy_kernels", "extern_calls", "op_calls", "copy_calls"}
+CODE_STATS = {"buffers", "buffer_bytes", "generated_kernels", "copy_kernels", "extern_calls",
+              "op_calls", "copy_calls"}
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +88,9 @@ def test_code_stats_counts_as_the_notebooks_do():
             "    buf0.copy_(arg0_1)\n")
     s = code_stats([code, code], n=16)
     assert s == {k: 2 * v for k, v in call_stats(code, num_tokens=16).items()}
-    assert s == {"buffers": 4, "buffer_bytes": 2 * (16 * 96 * 4 + 4 * 8 * 2), "generated_kernels": 2,
-                 "copy_kernels": 2, "extern_calls": 0, "op_calls": 0, "copy_calls": 2}
+    assert s == {"buffers": 4, "buffer_bytes": 2 * (16 * 96 * 4 + 4 * 8 * 2),
+                 "generated_kernels": 2, "copy_kernels": 2, "extern_calls": 0, "op_calls": 0,
+                 "copy_calls": 2}
 
 
 def test_a_missed_target_fails_with_its_ratio():

@@ -16,8 +16,9 @@ def test_since_lists_the_counters_that_moved_and_reads_zero_for_the_others():
     counter.num_graphs_seen += 1
     counter.num_inductor_compiles += 6
     moved = counter.since(before)
-    assert moved == {"num_graphs_seen": 1, "num_inductor_compiles": 6}  # only what moved: short to print
-    assert isinstance(moved, CounterDelta) and json.loads(json.dumps(moved)) == moved  # a child can send it
+    assert moved == {"num_graphs_seen": 1, "num_inductor_compiles": 6}  # only what moved
+    assert isinstance(moved, CounterDelta)
+    assert json.loads(json.dumps(moved)) == moved  # a fresh process can send it back
     assert moved["num_aot_artifacts_loaded"] == 0  # a counter that did not move
     with pytest.raises(KeyError, match="no field 'num_inductor_compile'"):  # a typo is no zero
         moved["num_inductor_compile"]

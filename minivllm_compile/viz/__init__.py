@@ -42,8 +42,9 @@ from minivllm_compile.viz.plots import (
 )
 
 __all__ = [
-    "Buffer", "Diff", "Stage", "buffers_in", "call_stats", "calls_in", "count_dynamo_entries", "describe",
-    "describe_cache", "draw_graph", "draw_pipeline", "functional_graph", "graph_table", "kernel_signatures",
+    "Buffer", "Diff", "Stage", "buffers_in", "call_stats", "calls_in", "count_dynamo_entries",
+    "describe", "describe_cache", "draw_graph", "draw_pipeline", "functional_graph", "graph_table",
+    "kernel_signatures",
     "kernel_sources", "op_label", "pipeline_facts", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
     "table_text", "to_dot", "triton_source_codegen_only", "unified_diff",
     # notebook plots (viz/plots.py)

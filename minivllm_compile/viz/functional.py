@@ -13,7 +13,8 @@ from torch._dynamo.backends.common import aot_autograd
 
 def functional_graph(fn: Callable, call: Callable[[Callable], Any], *, v2: bool = False,
                      passes: Sequence[Callable[[torch.fx.Graph], Any]] = (),
-                     keep_inference_input_mutations: bool = False) -> tuple[Any, torch.fx.GraphModule]:
+                     keep_inference_input_mutations: bool = False,
+                     ) -> tuple[Any, torch.fx.GraphModule]:
     """Compile `fn` with Dynamo and AOTAutograd, apply `passes` (each called on the forward graph,
     in order) and run it as FX: returns (call(the compiled fn), the graph module the passes left).
 

@@ -90,8 +90,9 @@ class Buffer(NamedTuple):
             expr = ast.parse(dim, mode="eval")
             symbols = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
             if symbols and num_tokens is None:
-                raise ValueError(f"{self.name}'s size ({', '.join(self.sizes)}) depends on the number "
-                                 f"of tokens ({', '.join(sorted(symbols))}): pass num_tokens=")
+                raise ValueError(f"{self.name}'s size ({', '.join(self.sizes)}) depends on the "
+                                 f"number of tokens ({', '.join(sorted(symbols))}): pass "
+                                 "num_tokens=")
             numel *= int(eval(compile(expr, "<size>", "eval"), {"__builtins__": {}},
                               dict.fromkeys(symbols, num_tokens)))
         return numel * getattr(torch, self.dtype).itemsize
@@ -107,8 +108,8 @@ def buffers_in(code: str) -> list[Buffer]:
         text = line.strip().split(";")[0]
         stmt = ast.parse(text).body[0]
         sizes, dtype = stmt.value.args[0], stmt.value.args[2]
-        out.append(Buffer(stmt.targets[0].id, tuple(ast.get_source_segment(text, d) for d in sizes.elts),
-                          dtype.attr))
+        dims = tuple(ast.get_source_segment(text, d) for d in sizes.elts)
+        out.append(Buffer(stmt.targets[0].id, dims, dtype.attr))
     return out
 
 
@@ -126,13 +127,14 @@ def call_stats(code: str, num_tokens: int | None = None) -> dict[str, int]:
         copy_calls         copies made outside a generated kernel (`.copy_(`, a copy or clone op)
     """
     calls, buffers = calls_in(code), buffers_in(code)
+    copies = re.compile("copy|clone")
     copying = [n for kind in ("extern", "ops") for name, n in calls[kind].items()
-               if re.search("copy|clone", name)]
+               if copies.search(name)]
     return {
         "buffers": len(buffers),
         "buffer_bytes": sum(b.nbytes(num_tokens) for b in buffers),
         "generated_kernels": sum(calls["fused"].values()),
-        "copy_kernels": sum(n for name, n in calls["fused"].items() if re.search("copy|clone", name)),
+        "copy_kernels": sum(n for name, n in calls["fused"].items() if copies.search(name)),
         "extern_calls": sum(calls["extern"].values()),
         "op_calls": sum(calls["ops"].values()),
         "copy_calls": len(re.findall(r"\.copy_\(", _call_bodies(code))) + sum(copying),
