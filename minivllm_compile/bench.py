@@ -19,9 +19,7 @@ import argparse
 import json
 import logging
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +32,7 @@ from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, com
 from minivllm_compile.envs import default_device
 from minivllm_compile.envs import override as env
 from minivllm_compile.forward_context import set_forward_context
+from minivllm_compile.startup import run_in_fresh_process
 
 M = CompilationMode
 DEVICE = default_device()
@@ -174,22 +173,12 @@ def overhead_child(spec: dict) -> dict:
     return per_call
 
 
-def run_child(kind: str, spec: dict) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out.json"
-        proc = subprocess.run([sys.executable, "-m", "minivllm_compile.bench", "--child", kind, json.dumps(spec),
-                               str(out)], capture_output=True, text=True, timeout=900, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"bench child {kind} failed:\n{proc.stderr[-3000:]}")
-        return json.loads(out.read_text())
-
-
 def bench_overhead(q: bool) -> dict:
     base = {"layers": 2, "backend": "eager" if q else "inductor", "sizes": [1, 2] if q else [1, 2, 3, 4],
             "rounds": 3 if q else 15, "calls": 10 if q else 40}
     groups = [["eager", "bytecode_hook", "bytecode_hook_direct", "vllm_bytecode_hook", "vllm_direct", "stock",
                "stock_direct"], ["eager", "bytecode_hook", "bytecode_hook_direct", "dynamo_no_guards"]]
-    runs = [run_child("overhead", {**base, "variants": g}) for g in groups]
+    runs = [run_in_fresh_process(overhead_child, {**base, "variants": g}) for g in groups]
     _threads_used.add(1)  # what overhead_child runs on
     sizes = [str(n) for n in base["sizes"]]
 
@@ -231,27 +220,12 @@ def bench_startup(q: bool) -> dict:
 
 # --- 3. FixFunctionalization on vs off ------------------------------------------------------------
 
-_EMPTY = re.compile(r"empty_strided_\w+\(\(([^)]*)\),\s*\([^)]*\),\s*torch\.(\w+)\)")
+def code_stats(codes: list[str], n: int) -> dict[str, int]:
+    """The generated code of several compiled entries at n tokens, counted as the notebooks count
+    it (`viz.call_stats`) and added up."""
+    from minivllm_compile.viz.kernels import call_stats
 
-
-def code_stats(codes: list[str], n: int) -> dict:
-    from minivllm_compile.viz.kernels import kernel_sources
-
-    out = {"empty_strided": 0, "cpp_fused": 0, "triton": 0, "copy_kernels": 0, "copy_calls": 0, "buffer_bytes": 0}
-    for code in codes:
-        kernels = kernel_sources(code)
-        out["cpp_fused"] += sum(k.startswith("cpp_fused") for k in kernels)
-        out["triton"] += sum(k.startswith("triton") for k in kernels)
-        out["copy_kernels"] += sum(("copy" in k or "clone" in k) for k in kernels)
-        out["copy_calls"] += len(re.findall(r"\.copy_\(|aten\.clone|\bclone\(", code))
-        for dims, dtype in _EMPTY.findall(code):
-            out["empty_strided"] += 1
-            numel = 1
-            for d in dims.split(","):
-                if d.strip():  # symbolic sizes (s0, ...) are num_tokens: evaluate at n
-                    numel *= eval(re.sub(r"\b[su]\d+\b", str(n), d), {"__builtins__": {}})
-            out["buffer_bytes"] += numel * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-    return out
+    return call_stats("\n".join(codes), num_tokens=n)
 
 
 def bench_fix_functionalization(q: bool) -> dict:
@@ -302,7 +276,6 @@ def bench_fusion(q: bool) -> dict:
     """Each fusion pass on its model, fused vs not: the calls and kernels in the generated code of the
     decode-sized entry, and the step time. --quick: the QK-norm + RoPE fusion on a 1-layer hybrid."""
     from minivllm_compile.models import build_model, load_model
-    from minivllm_compile.viz.kernels import calls_in
 
     n, rounds, k = (4, 2, 3) if q else (4, 15, 30)
     # with the FX graph cache off, standalone_compile warns that it has nothing to save: expected here
@@ -324,11 +297,7 @@ def bench_fusion(q: bool) -> dict:
             lm.warmup()
             codes = [c for e in lm.model.backend.compiler_manager.entries if e.compile_range.is_single_size()
                      for c in e.code]
-            calls = [calls_in(c) for c in codes]
-            row["fused" if fused else "unfused"] = {
-                "code": code_stats(codes, n), "generated_kernels": sum(sum(c["fused"].values()) for c in calls),
-                "op_calls": sum(sum(c["ops"].values()) for c in calls),
-                "extern_calls": sum(sum(c["extern"].values()) for c in calls)}
+            row["fused" if fused else "unfused"] = {"code": code_stats(codes, n)}
         times = step_times(lms, n, rounds, k)
         row["fused"]["step_us"], row["unfused"]["step_us"] = stats(times[True]), stats(times[False])
         row["ratio_unfused_vs_fused_step"] = row["unfused"]["step_us"]["median"] / row["fused"]["step_us"]["median"]
@@ -496,11 +465,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="tiny configuration (seconds; numbers meaningless)")
     ap.add_argument("--only", nargs="+", choices=NAMES, help="run only these benchmarks")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.child:
-        Path(a.child[2]).write_text(json.dumps(overhead_child(json.loads(a.child[1]))))
-        return {}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="minivllm_bench_")

@@ -52,7 +52,8 @@ def plot_all(res: dict, out: Path) -> dict[str, str]:
     if "on" in res.get("fix_functionalization", {}):
         f = res["fix_functionalization"]
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 4))
-        keys = ["empty_strided", "cpp_fused", "triton", "copy_kernels", "copy_calls"]
+        keys = ["buffers", "generated_kernels", "copy_kernels", "extern_calls", "op_calls",
+                "copy_calls"]
         for i, on in enumerate(("on", "off")):
             a1.bar([k + i * 0.4 for k in range(len(keys))], [f[on]["code"][k] for k in keys], width=0.4, label=on)
         a1.set_xticks(range(len(keys)), keys, rotation=30, ha="right", fontsize=8)

@@ -47,7 +47,7 @@ def sha(text: str, n: int = 10) -> str:
 # compiler and compiles afresh. A display-only helper belongs in one of these, never in a module of
 # the compiler.
 NOT_COMPILER = frozenset({"viz", "exercises", "models", "bench.py", "bench_cudagraph.py",
-                          "bench_plots.py", "startup.py", "tour.py", "launch.py"})
+                          "bench_plots.py", "compare_modes.py", "launch.py", "startup.py", "tour.py"})
 
 
 def compiler_files(package: Path) -> list[Path]:

@@ -1,12 +1,19 @@
 """compilation_counter: what the compiler did, counted (vLLM's compilation/counter.py). Tests and
-notebooks assert structure with these numbers instead of reading logs."""
+notebooks assert structure with these numbers instead of reading logs:
+
+    with compilation_counter.expect(num_graphs_seen=1):    # vLLM's: assert the change of a block
+        lm(ids, pos)
+    before = compilation_counter.clone()                   # this project's: read the change
+    lm(ids, pos)
+    moved = compilation_counter.since(before)              # {"num_graphs_seen": 1, ...}
+"""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @dataclasses.dataclass
@@ -33,21 +40,45 @@ class CompilationCounter:
     num_dynamo_traces: int = 0  # Dynamo graphs handed to any backend of ours, in every mode
     num_unique_compiles: int = 0  # compiles that ran, in every mode (an identical piece reuses the first)
 
-    def clone(self) -> "CompilationCounter":
+    def clone(self) -> CompilationCounter:
         return copy.deepcopy(self)
+
+    def since(self, before: CompilationCounter) -> CounterDelta:
+        """How much each counter moved since `before` (a `clone()` taken earlier). vLLM has only
+        `expect`, which asserts; this reads the change, to print it or to assert on it after."""
+        if not isinstance(before, CompilationCounter):
+            raise TypeError(f"since() takes the counter's clone() from before the block, not "
+                            f"{type(before).__name__}: before = compilation_counter.clone()")
+        return CounterDelta({f.name: getattr(self, f.name) - getattr(before, f.name)
+                             for f in dataclasses.fields(self)
+                             if getattr(self, f.name) != getattr(before, f.name)})
 
     @contextmanager
     def expect(self, **deltas: int) -> Iterator[None]:
         """Assert that the block changes each named counter by exactly its delta (others: any)."""
-        unknown = set(deltas) - {f.name for f in dataclasses.fields(self)}
+        unknown = set(deltas) - FIELDS
         if unknown:
             raise ValueError(f"compilation_counter has no field(s) {sorted(unknown)}")
         before = self.clone()
         yield
-        wrong = {k: (getattr(self, k) - getattr(before, k), d) for k, d in deltas.items()
-                 if getattr(self, k) - getattr(before, k) != d}
+        moved = self.since(before)
+        wrong = {k: (moved[k], d) for k, d in deltas.items() if moved[k] != d}
         assert not wrong, "compilation_counter changed by (got, expected): " + ", ".join(
             f"{k}: {got} != {want}" for k, (got, want) in wrong.items())
+
+
+FIELDS = frozenset(f.name for f in dataclasses.fields(CompilationCounter))
+
+
+class CounterDelta(dict[str, int]):
+    """The counters that moved, by how much (`since`). It lists only those, so it prints short
+    and equals {} when nothing moved; a counter that did not move reads 0, and a name that is no
+    counter raises KeyError, so a misspelt name cannot pass for "did not move"."""
+
+    def __missing__(self, name: str) -> int:
+        if name in FIELDS:
+            return 0
+        raise KeyError(f"compilation_counter has no field {name!r}")
 
 
 compilation_counter = CompilationCounter()

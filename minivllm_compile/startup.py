@@ -14,10 +14,14 @@
 Each child puts the model where `envs.default_device()` says (the GPU when there is one).
 Used by the benchmark (python -m minivllm_compile.bench) and notebook 09. A measurement, never a
 test: these machines are shared and noisy.
+
+`run_in_fresh_process` is the package's one way to run something in a fresh Python process (these
+start-ups, notebook 12's modes in compare_modes.py, the benchmark's overhead children).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import statistics
@@ -25,48 +29,98 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from minivllm_compile.cpu_isa import RECORD_NAME
 
-CHILD = r"""
-import json, sys, time
-t0 = time.perf_counter()
-import torch
-from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
-from minivllm_compile.envs import default_device
-from minivllm_compile.models import build_model
-spec = json.loads(sys.argv[1])
-cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=spec["sizes"],
-                       compile_ranges_endpoints=spec["endpoints"], max_num_batched_tokens=spec["max"])
-lm = build_model("llama", num_layers=spec["layers"], compilation_config=cc, device=default_device())
-t1 = time.perf_counter()
-out = lm(torch.arange(7, device=lm.device), torch.arange(7, device=lm.device))  # load or compile, then run
-out = out.cpu()  # (on a GPU: waits for the kernels, so the first call is timed whole)
-t2 = time.perf_counter()
-from torch._dynamo.utils import counters
-hits = {**{k: counters["inductor"][k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")},
-        **{k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}}
-print("RESULT " + json.dumps({"first_call_s": t2 - t1, "done_at": time.time(), "import_build_s": t1 - t0,
-                              "inductor_cache": hits, "counters": vars(compilation_counter),
-                              "checksum": float(out.double().sum())}))
-"""
+# what a fresh process runs: the clock read before any import (STARTED_AT), then the child
+_STUB = ("import time; t0 = time.perf_counter()\n"
+         "import sys\n"
+         "from minivllm_compile import startup\n"
+         "startup.STARTED_AT = t0\n"
+         "startup._child_main(sys.argv[1], sys.argv[2])\n")
+STARTED_AT: float | None = None  # in a child: time.perf_counter() before its first import
+_RESULT = "RESULT "
+
+
+def run_in_fresh_process(child: Callable[[dict], dict], spec: dict,
+                         env: dict[str, str | None] | None = None,
+                         timeout_s: float = 900.0) -> dict:
+    """Call `child(spec)` in a fresh Python process and return what it returned.
+
+    `child` is a module-level function of an importable module; `spec` and its result are JSON
+    (so dict keys come back as str). The process inherits os.environ with `env` applied (a value
+    of None unsets the variable). A child that fails raises RuntimeError with the end of its
+    stderr; one still running after `timeout_s` is killed (subprocess.TimeoutExpired)."""
+    module = child.__module__
+    if module == "__main__":  # run with python -m: the child imports the module by its own name
+        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", "__main__")
+    target = f"{module}:{child.__qualname__}"
+    if "<" in child.__qualname__ or module == "__main__":
+        raise ValueError(f"{target} cannot be imported by a fresh process: pass a module-level "
+                         "function of an importable module")
+    environ = dict(os.environ)
+    for k, v in (env or {}).items():
+        if v is None:
+            environ.pop(k, None)
+        else:
+            environ[k] = v
+    proc = subprocess.run([sys.executable, "-c", _STUB, target, json.dumps(spec)], env=environ,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{target} failed in a fresh process (exit {proc.returncode}):\n"
+                           f"{proc.stderr[-3000:]}")
+    line = next((line for line in proc.stdout.splitlines() if line.startswith(_RESULT)), None)
+    if line is None:
+        raise RuntimeError(f"{target} printed no result in its fresh process:\n"
+                           f"{proc.stderr[-3000:]}")
+    return json.loads(line[len(_RESULT):])
+
+
+def _child_main(target: str, spec: str) -> None:
+    module, name = target.split(":")
+    result = getattr(importlib.import_module(module), name)(json.loads(spec))
+    print(_RESULT + json.dumps(result), flush=True)
+
+
+def start_child(spec: dict) -> dict:
+    """One start-up, in its own process: build the model, first call (load or compile, then run)."""
+    import torch
+
+    from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
+    from minivllm_compile.envs import default_device
+    from minivllm_compile.models import build_model
+
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=spec["sizes"],
+                           compile_ranges_endpoints=spec["endpoints"],
+                           max_num_batched_tokens=spec["max"])
+    lm = build_model("llama", num_layers=spec["layers"], compilation_config=cc,
+                     device=default_device())
+    t1 = time.perf_counter()
+    ids = torch.arange(7, device=lm.device)
+    out = lm(ids, ids)  # load or compile, then run
+    out = out.cpu()  # (on a GPU: waits for the kernels, so the first call is timed whole)
+    t2 = time.perf_counter()
+    from torch._dynamo.utils import counters
+
+    hits = {k: counters[group][k] for group, keys in (
+        ("inductor", ("fxgraph_cache_hit", "fxgraph_cache_miss")),
+        ("aot_autograd", ("autograd_cache_hit", "autograd_cache_miss"))) for k in keys}
+    return {"first_call_s": t2 - t1, "done_at": time.time(), "import_build_s": t1 - STARTED_AT,
+            "inductor_cache": hits, "counters": vars(compilation_counter),
+            "checksum": float(out.double().sum())}
 
 
 def run_start(cache_root: str, inductor_cache: str, spec: dict, extra_env: dict | None = None) -> dict:
-    env = {**os.environ, "VLLM_CACHE_ROOT": cache_root, "TORCHINDUCTOR_CACHE_DIR": inductor_cache,
-           "VLLM_DISABLE_COMPILE_CACHE": "0", **(extra_env or {})}
+    """One start-up (`start_child`) in a fresh process, with these caches; timed from its spawn."""
     # Inductor keeps Triton's compiled kernels under its own cache dir unless TRITON_CACHE_DIR says
-    # otherwise: without it, a "cold" start on a GPU would find last run's kernels
-    env.pop("TRITON_CACHE_DIR", None)
+    # otherwise: without it unset, a "cold" start on a GPU would find last run's kernels
+    env = {"VLLM_CACHE_ROOT": cache_root, "TORCHINDUCTOR_CACHE_DIR": inductor_cache,
+           "VLLM_DISABLE_COMPILE_CACHE": "0", "TRITON_CACHE_DIR": None, **(extra_env or {})}
     spawned, t0 = time.time(), time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True,
-                          text=True, timeout=900)
+    res = run_in_fresh_process(start_child, spec, env)
     exit_s = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"start-up child failed:\n{proc.stderr[-3000:]}")
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    res = json.loads(line[7:])
     # the whole process as a user waits for it: from the spawn to the first logits (interpreter,
     # imports, build, load or compile, first call), and to its exit (Python's finalization of
     # torch's modules adds about a second there, whatever the model did)

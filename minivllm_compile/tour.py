@@ -67,9 +67,9 @@ def compiled_tour(device: str) -> None:
     t0 = time.perf_counter()
     lm.warmup()
     dt = time.perf_counter() - t0
-    loaded = compilation_counter.num_aot_artifacts_loaded - before.num_aot_artifacts_loaded
-    pieces = compilation_counter.num_piecewise_graphs_seen - before.num_piecewise_graphs_seen
-    compiles = compilation_counter.num_unique_compiles - before.num_unique_compiles  # identical layers share
+    moved = compilation_counter.since(before)
+    loaded, pieces = moved["num_aot_artifacts_loaded"], moved["num_piecewise_graphs_seen"]
+    compiles = moved["num_unique_compiles"]  # identical layers share one
     print("=== tiny-llama under VLLM_COMPILE: "
           + (f"loaded the saved AOT artifact in {dt:.1f} s (no trace, no compile)" if loaded else
              f"traced once, split into {pieces} pieces, {compiles} Inductor compiles in {dt:.1f} s"))

@@ -58,6 +58,9 @@ def kernel_device() -> str:
 def pytest_addoption(parser):
     parser.addoption("--quick", action="store_true",
                      help="the quick tier: only the tests that compile nothing (no notebooks)")
+    parser.addoption("--record-compiles", metavar="FILE", default=None,
+                     help="append the id of every test that compiles or starts a process to FILE "
+                          "(for marking the tests @pytest.mark.compiles)")
 
 
 def pytest_configure(config):
@@ -94,17 +97,42 @@ def _count_lowerings() -> None:
     GraphLowering.__init__ = counted
 
 
+_spawned = [0]  # processes started in this process (subprocess.Popen objects made)
+
+
+def _count_spawns() -> None:
+    import subprocess
+
+    if getattr(subprocess.Popen.__init__, "_counted", False):
+        return
+    init = subprocess.Popen.__init__
+
+    def counted(self, *args, **kwargs):
+        _spawned[0] += 1
+        init(self, *args, **kwargs)
+
+    counted._counted = True
+    subprocess.Popen.__init__ = counted
+
+
 @pytest.fixture(autouse=True)
 def _quick_tier_compiles_nothing(request):
-    if not request.config.getoption("--quick"):
+    record = request.config.getoption("--record-compiles")
+    if not (request.config.getoption("--quick") or record):
         yield
         return
     from torch._dynamo.utils import counters
 
     _count_lowerings()
-    frames, lowered = counters["frames"]["total"], _lowered[0]
+    _count_spawns()
+    frames, lowered, spawned = counters["frames"]["total"], _lowered[0], _spawned[0]
     yield
     traced, lowered = counters["frames"]["total"] - frames, _lowered[0] - lowered
+    if record:
+        if traced or lowered or _spawned[0] - spawned:
+            with open(record, "a") as f:
+                f.write(f"{request.node.nodeid}\t{traced}\t{lowered}\t{_spawned[0] - spawned}\n")
+        return
     if traced or lowered:
         pytest.fail(f"{request.node.nodeid} compiled ({traced} frames traced by Dynamo, {lowered} "
                     "graphs lowered by Inductor) in the quick tier: mark it @pytest.mark.compiles",

@@ -10,8 +10,11 @@ import sys
 import pytest
 
 from minivllm_compile.bench import NAMES, code_stats, exit_code, targets
+from minivllm_compile.viz.kernels import call_stats
 
 STATS = {"median", "min", "max", "q1", "q3", "n"}
+CODE_STATS = {"buffers", "buffer_bytes", "generated_kernels", "copy_kernels", "extern_calls",
+              "op_calls", "copy_calls"}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,7 @@ def test_fix_functionalization_and_generate_structure(quick):
     res = quick[0]
     f = res["fix_functionalization"]
     for on in ("on", "off"):
-        assert set(f[on]["code"]) == {"empty_strided", "cpp_fused", "triton", "copy_kernels", "copy_calls",
-                                      "buffer_bytes"}
+        assert set(f[on]["code"]) == CODE_STATS
         assert set(f[on]["step_us"]) == STATS
     g = res["generate"]
     assert set(g["modes"]) == {"eager", "stock", "dynamo_trace_once", "vllm_compile", "vllm_compile_custom_ops"}
@@ -75,15 +77,20 @@ def test_targets_printed_and_plots_written(quick):
         assert (out / f"{name}.png").stat().st_size > 0 and res["plots"][name] == f"{name}.png"
 
 
-def test_code_stats_reads_inductor_source():
+def test_code_stats_counts_as_the_notebooks_do():
+    """The benchmark counts generated code with viz.call_stats (notebooks 05 and 13 too), its
+    entries' sources added up."""
     code = ("cpp_fused_clone_0 = async_compile.cpp_pybinding(['float*'], r'''\nextern \"C\" void kernel(){}''')\n"
             "def call(self, args):\n"
             "    buf0 = empty_strided_cpu((s72, 96), (96, 1), torch.float32)\n"
             "    buf1 = empty_strided_cpu((4, 8), (8, 1), torch.bfloat16)\n"
+            "    cpp_fused_clone_0(buf0)\n"
             "    buf0.copy_(arg0_1)\n")
-    s = code_stats([code], n=16)
-    assert s == {"empty_strided": 2, "cpp_fused": 1, "triton": 0, "copy_kernels": 1, "copy_calls": 1,
-                 "buffer_bytes": 16 * 96 * 4 + 4 * 8 * 2}
+    s = code_stats([code, code], n=16)
+    assert s == {k: 2 * v for k, v in call_stats(code, num_tokens=16).items()}
+    assert s == {"buffers": 4, "buffer_bytes": 2 * (16 * 96 * 4 + 4 * 8 * 2),
+                 "generated_kernels": 2, "copy_kernels": 2, "extern_calls": 0, "op_calls": 0,
+                 "copy_calls": 2}
 
 
 def test_a_missed_target_fails_with_its_ratio():
@@ -97,10 +104,10 @@ def test_fusion_structure(quick):
     assert set(f) == {"num_tokens", "qk_norm_rope"}  # --quick: the FP8 model's compiles are left out
     row = f["qk_norm_rope"]
     for side in ("fused", "unfused"):
-        assert set(row[side]) == {"code", "generated_kernels", "op_calls", "extern_calls", "step_us"}
+        assert set(row[side]) == {"code", "step_us"} and set(row[side]["code"]) == CODE_STATS
         assert set(row[side]["step_us"]) == STATS
     # the fused op replaces an rms_norm per q and k and the rotary call, in each attention layer
-    assert row["fused"]["op_calls"] < row["unfused"]["op_calls"]
+    assert row["fused"]["code"]["op_calls"] < row["unfused"]["code"]["op_calls"]
     assert row["ratio_unfused_vs_fused_step"] > 0
 
 

@@ -179,6 +179,68 @@ def test_reading_code_inductor_really_wrote():
     assert re.fullmatch(rf"{name}\((const )?float\* \w+(, (const )?float\* \w+)*\)", sig)  # no ks0: static
     calls = viz.calls_in(src)
     assert calls["fused"] == {name: 1} and calls["extern"] == {"extern_kernels.mm": 1} and not calls["ops"]
+    # the matmul's output and the fused kernel's at least; every one a static float32 buffer
+    buffers = viz.buffers_in(src)
+    assert len(buffers) >= 2
+    assert all(b.dtype == "float32" and b.name.startswith("buf") for b in buffers)
+    assert ("8", "16") in [b.sizes for b in buffers]  # x @ m
+    stats = viz.call_stats(src)
+    assert stats["buffers"] == len(buffers) == src.count("= empty_strided_cpu(")
+    assert stats["buffer_bytes"] == sum(4 * eval("*".join(b.sizes)) for b in buffers)
+    assert (stats["generated_kernels"], stats["extern_calls"], stats["op_calls"]) == (1, 1, 0)
+
+
+# what one compiled entry writes for a piece with a dynamic size, a clone fused into a kernel, a
+# reused buffer and a copy back into an input (the shapes of FixFunctionalization's notebook 05)
+ENTRY_CODE = """
+cpp_fused_clone_0 = async_compile.cpp_pybinding(['const float*', 'float*'], r'''
+extern "C" void kernel(const float* in_ptr0, float* out_ptr0) { }
+''')
+
+class Runner:
+    def call(self, args):
+        arg0_1, arg1_1, arg2_1 = args
+        args.clear()
+        s72 = arg0_1
+        buf0 = empty_strided_cpu((s72, 96), (96, 1), torch.float32)
+        cpp_fused_clone_0(arg1_1, buf0, s72)
+        buf1 = empty_strided_cpu((2*s72, 8), (8, 1), torch.bfloat16)
+        torch.ops.minivllm.rms_norm.default(buf1, buf0, arg2_1, 1e-05)
+        buf2 = buf0; del buf0  # reuse
+        extern_kernels.mm(buf1, arg2_1, out=buf2)
+        buf3 = empty_strided_cpu((4, ), (1, ), torch.int64)
+        torch.ops.aten.copy_.default(arg1_1, buf2)
+        arg1_1.copy_(buf2)
+        return (buf2, buf3, )
+
+runner = Runner(partitions=[])
+call = runner.call
+
+
+def benchmark_compiled_module(args, times=10, repeat=10):
+    buf9 = empty_strided_cpu((99, ), (1, ), torch.float32)
+    cpp_fused_clone_0(buf9)
+"""
+
+
+def test_call_stats_counts_what_call_allocates_and_runs():
+    # the reused buf2 is no new buffer; benchmark_compiled_module is not call()
+    assert viz.buffers_in(ENTRY_CODE) == [viz.Buffer("buf0", ("s72", "96"), "float32"),
+                                          viz.Buffer("buf1", ("2*s72", "8"), "bfloat16"),
+                                          viz.Buffer("buf3", ("4",), "int64")]
+    stats = viz.call_stats(ENTRY_CODE, num_tokens=16)
+    assert stats == {"buffers": 3, "buffer_bytes": 16 * 96 * 4 + 32 * 8 * 2 + 4 * 8,
+                     "generated_kernels": 1, "copy_kernels": 1, "extern_calls": 1, "op_calls": 2,
+                     "copy_calls": 2}
+    # two sources joined (an entry's code is a list of them): their counts add up
+    both = viz.call_stats(ENTRY_CODE + "\n" + ENTRY_CODE, 16)
+    assert both == {k: 2 * v for k, v in stats.items()}
+    # an older torch's module-level `def call(args):`, which ends at the next top-level line
+    older = ENTRY_CODE.replace("class Runner:\n", "").replace("\n    ", "\n")
+    assert viz.call_stats(older.replace("def call(self, args)", "def call(args)"), 16) == stats
+    with pytest.raises(ValueError, match=r"buf0's size \(s72, 96\) depends on the number of "
+                                         r"tokens \(s72\): pass num_tokens="):
+        viz.call_stats(ENTRY_CODE)
 
 
 # what a GPU writes (torch 2.13 style: a dynamic kernel's size computed on its own line first)
@@ -221,6 +283,9 @@ def test_reading_triton_code_as_a_gpu_writes_it():
     calls = viz.calls_in(CUDA_CODE)
     assert calls["fused"] == {name: 1} and calls["extern"] == {"extern_kernels.mm": 1}
     assert calls["ops"] == {"torch.ops.minivllm.rms_norm.default": 1}
+    assert [(b.name, b.sizes) for b in viz.buffers_in(CUDA_CODE)] == [
+        ("buf1", ("s72", "96")), ("buf0", ("s72", "96")), ("buf4", ("s72", "192"))]
+    assert viz.call_stats(CUDA_CODE, num_tokens=2)["buffer_bytes"] == 2 * (96 + 96 + 192) * 4
     older = CUDA_CODE.replace(f"            {name}_xnumel = 96*s72\n", "").replace(f"{name}_xnumel,", "s72, 96,")
     assert viz.calls_in(older) == calls
 

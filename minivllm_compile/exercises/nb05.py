@@ -11,38 +11,22 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._dynamo.backends.common import aot_autograd
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from minivllm_compile.exercises import ExerciseFailed, exercise, measured_once
 from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
 from minivllm_compile.passes import FixFunctionalizationPass
+from minivllm_compile.viz.functional import functional_graph as viz_functional_graph
 
 minivllm = torch.ops.minivllm
 
 
 def functional_graph(fn: Callable, call: Callable, fix: FixFunctionalizationPass | None) -> tuple[Any, torch.fx.GraphModule]:
     """Compile `fn` through AOTAutograd, run `fix` (if any) on its functional forward graph, and
-    return (call(compiled fn), the graph module after the pass). Dynamo is reset before and after,
-    as notebook 05's own aot_compile does."""
-    graphs = []
-
-    def fw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        if fix is not None:
-            fix(gm.graph)
-        gm.recompile()
-        graphs.append(gm)
-        return gm
-
-    torch._dynamo.reset()
-    try:
-        with torch._inductor.config.patch(enable_auto_functionalized_v2=False):
-            out = call(torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=fw_compiler)))
-    finally:
-        torch._dynamo.reset()
-    (gm,) = graphs
-    return out, gm
+    return (call(compiled fn), the graph module after the pass): `viz.functional_graph`, which
+    notebook 05 uses, with vLLM's setting (auto_functionalized v1)."""
+    return viz_functional_graph(fn, call, passes=[fix] if fix is not None else ())
 
 
 def wrapped(gm: torch.fx.GraphModule) -> Counter:

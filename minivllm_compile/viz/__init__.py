@@ -5,6 +5,7 @@ from minivllm_compile.viz.boxes import render_boxes
 from minivllm_compile.viz.cache import describe_cache
 from minivllm_compile.viz.diffs import Diff, unified_diff
 from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
+from minivllm_compile.viz.functional import functional_graph
 from minivllm_compile.viz.graphs import (
     describe,
     draw_graph,
@@ -18,6 +19,9 @@ from minivllm_compile.viz.graphs import (
     to_dot,
 )
 from minivllm_compile.viz.kernels import (
+    Buffer,
+    buffers_in,
+    call_stats,
     calls_in,
     kernel_signatures,
     kernel_sources,
@@ -38,8 +42,9 @@ from minivllm_compile.viz.plots import (
 )
 
 __all__ = [
-    "Diff", "Stage", "calls_in", "count_dynamo_entries", "describe", "describe_cache",
-    "draw_graph", "draw_pipeline", "graph_table", "kernel_signatures",
+    "Buffer", "Diff", "Stage", "buffers_in", "call_stats", "calls_in", "count_dynamo_entries",
+    "describe", "describe_cache", "draw_graph", "draw_pipeline", "functional_graph", "graph_table",
+    "kernel_signatures",
     "kernel_sources", "op_label", "pipeline_facts", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
     "table_text", "to_dot", "triton_source_codegen_only", "unified_diff",
     # notebook plots (viz/plots.py)

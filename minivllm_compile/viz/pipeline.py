@@ -5,9 +5,9 @@ passes on the first call, and the runtime path of every later call. Plain matplo
     facts = pipeline_facts(lm.model, counters)     # what each stage did, read from the model
     png = draw_pipeline(lm.model, counters)        # the picture (PNG bytes; fmt="svg" for SVG)
 
-`counters`, optional, is the change of `compilation_counter` over the compile (a dict of deltas,
-or the counter's clone from before it); the boxes then show vLLM's counter names beside what the
-objects hold."""
+`counters`, optional, is the change of `compilation_counter` over the compile (the counter's
+clone from before it, or a dict of deltas such as `compilation_counter.since(before)`); the boxes
+then show, beside what the objects hold, vLLM's name of each counter that moved."""
 
 from __future__ import annotations
 
@@ -49,13 +49,14 @@ def _decorated(model: Any) -> torch.nn.Module:
 
 
 def _deltas(counters: Any) -> dict[str, int]:
+    """The counters that moved: from a dict of deltas, or against the clone from before."""
     if counters is None:
         return {}
     if isinstance(counters, dict):
-        return dict(counters)
+        return {k: v for k, v in counters.items() if v}
     from minivllm_compile.counter import compilation_counter
 
-    return {k: getattr(compilation_counter, k) - getattr(counters, k) for k in vars(counters)}
+    return compilation_counter.since(counters)
 
 
 def _ranges(rs: list) -> str:
