@@ -32,7 +32,7 @@ from minivllm_compile import envs
 from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
                                      DynamicShapesType)
 from minivllm_compile.counter import compilation_counter
-from minivllm_compile.monitor import dynamo_transform_time
+from minivllm_compile.monitor import dynamo_transform_time, watch_dynamo_compiles
 
 logger = logging.getLogger("minivllm_compile")
 
@@ -101,6 +101,7 @@ def compile_model_with_stock_torch(module: torch.nn.Module,
     model.compile(); a decorated model's own __call__ here would step around that), and passes
     the config's Inductor settings and guard filter, which vLLM's leaves out."""
     compilation_counter.stock_torch_compile_count += 1
+    watch_dynamo_compiles()  # no monitor_torch_compile here: time the trace from Dynamo's own start
     cfg, guard_filter = compilation_config.inductor_config_and_guard_filter()
     options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
     backend = WholeGraphBackend(compilation_config.backend, cfg)
@@ -145,6 +146,7 @@ class TorchCompileWithNoGuardsWrapper:
             _keep_shape_env_guards if ds.evaluate_guards else torch.compiler.skip_all_guards_unsafe
         if stock:
             self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)  # recompiles
+            watch_dynamo_compiles()  # compiled outside monitor_torch_compile
         elif mode == CompilationMode.VLLM_COMPILE:
             from minivllm_compile.backends import VllmBackend
 

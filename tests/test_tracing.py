@@ -492,3 +492,24 @@ def test_the_wrapper_keeps_dynamos_guards_under_stock_torch_compile(hook, monkey
     assert torch.equal(stock_out, torch.tensor([100, 200, 300])) and stock_graphs == 2
     with pytest.raises(RuntimeError, match="NONE compiles nothing"):
         _Wrapped(_ShapeBranch(), CompilationMode.NONE)
+
+
+def test_stock_torch_compile_logs_the_traces_own_time(caplog):
+    """STOCK_TORCH_COMPILE is compiled by its caller, outside monitor_torch_compile: the logged
+    "Dynamo bytecode transform time" used to be measured from 0, i.e. the seconds since the
+    machine booted. It is measured from the start of Dynamo's compile of the frame instead, and a
+    later compile measures from its own start, not from an earlier model's."""
+    import logging
+    import time
+
+    for n in range(2):  # the second one after another model's compile has finished
+        model = Branchy(compilation_config=cfg(CompilationMode.STOCK_TORCH_COMPILE))
+        compiled = compile_model_with_stock_torch(model, model.compilation_config)
+        time.sleep(0.3)  # between compiling and the first call: not part of the trace
+        t0 = time.perf_counter()
+        with caplog.at_level(logging.INFO, logger="minivllm_compile"):
+            compiled(torch.randn(6, 8))
+        wall = time.perf_counter() - t0
+        seconds = compiled.backend.dynamo_time_s
+        assert seconds is not None and 0 < seconds <= wall, (n, seconds, wall)
+        assert f"Dynamo bytecode transform time: {seconds:.2f} s" in caplog.text
