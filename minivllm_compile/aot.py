@@ -18,13 +18,16 @@ import functools
 import inspect
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from minivllm_compile import cache_files, cache_keys, caching, envs
 from minivllm_compile.backends import VllmBackend
+from minivllm_compile.config import CompilationMode
 from minivllm_compile.counter import compilation_counter
 
 logger = logging.getLogger("minivllm_compile")
@@ -54,13 +57,34 @@ def _verify_source_unchanged(source_info, compilation_config) -> None:
         raise RuntimeError(f"traced source changed since it was saved: {names}")
 
 
+def refuse_forced_load_without_aot(cc) -> None:
+    """VLLM_FORCE_AOT_LOAD=1 promises a load or an error, never a compile. A model of VLLM_COMPILE
+    with Inductor, where a switch turns the AOT load off, would compile: refused instead, naming
+    the switch (vLLM skips the load there and compiles: its VLLM_FORCE_AOT_LOAD acts only inside
+    the load)."""
+    if not envs.VLLM_FORCE_AOT_LOAD or cc.mode != CompilationMode.VLLM_COMPILE or cc.backend != "inductor":
+        return
+    import torch._inductor.config as inductor_config
+
+    if envs.VLLM_DISABLE_COMPILE_CACHE:
+        why = "VLLM_DISABLE_COMPILE_CACHE=1"
+    elif cc.inductor_compile_config.get("force_disable_caches", False):
+        why = "inductor_compile_config={'force_disable_caches': True} (the compile cache is off)"
+    elif inductor_config.force_disable_caches:
+        why = "Inductor's force_disable_caches (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1: the compile cache is off)"
+    elif not envs.VLLM_USE_AOT_COMPILE:
+        why = "VLLM_USE_AOT_COMPILE=0" + ("" if envs._aot_supported() else " (this torch has no AOT compile)")
+    elif not envs.VLLM_USE_STANDALONE_COMPILE:
+        why = "VLLM_USE_STANDALONE_COMPILE=0 (the AOT artifact needs standalone_compile's)"
+    else:
+        return
+    raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 with {why}: nothing can be loaded; unset one of them")
+
+
 def _try_load_aot_compiled_fn(model):
     """The saved compiled forward (vLLM's function of the same name), or None: compile it."""
     force = envs.VLLM_FORCE_AOT_LOAD
-    if envs.VLLM_DISABLE_COMPILE_CACHE:
-        if force:
-            raise RuntimeError("VLLM_FORCE_AOT_LOAD=1 with VLLM_DISABLE_COMPILE_CACHE=1: nothing can be "
-                               "loaded; unset one of them")
+    if not caching.compile_cache_enabled(model.compilation_config):
         return None
     path = model.aot_path = aot_path(model)
     if not path.exists():
@@ -90,21 +114,43 @@ def _try_load_aot_compiled_fn(model):
 
 def save_aot_compiled_function(model) -> None:
     """Save model.aot_compiled_fn (vLLM's method of the same name): atomically, readable by a shared
-    cache's other users; a failure is logged and the function stays in memory."""
-    if envs.VLLM_DISABLE_COMPILE_CACHE:
+    cache's other users; a failure is logged and the function stays in memory.
+
+    torch writes the file through a temporary file beside the target, which a failed or killed save
+    leaves behind (one more per start on a full disk). So torch writes into a folder of its own
+    here, removed whatever happens; and since every save holds the folder's lock, whatever an
+    earlier, killed save left is swept away first."""
+    if not caching.compile_cache_enabled(model.compilation_config):
         return
     path = model.aot_path  # _try_load_aot_compiled_fn computed it before this compile
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with cache_files.locked(path.parent):
-            model.aot_compiled_fn.save_compiled_function(str(tmp))
-            # torch writes it through a NamedTemporaryFile, mode 0600 (vLLM's AOT files are private
-            # to their owner that way): give it what open() gives, so a shared cache can read it
-            os.chmod(tmp, cache_files.file_mode())
-            os.replace(tmp, path)
+            _sweep_partial_saves(path)
+            work = tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.saving.")
+            try:
+                tmp = os.path.join(work, path.name)
+                model.aot_compiled_fn.save_compiled_function(tmp)
+                # torch writes it through a NamedTemporaryFile, mode 0600 (vLLM's AOT files are
+                # private to their owner that way): give it what open() gives, so a shared cache
+                # can read it
+                os.chmod(tmp, cache_files.file_mode())
+                os.replace(tmp, path)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     except Exception as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         logger.warning("cannot save the AOT artifact to %s (%s); it stays in memory", path, e)
         return
     compilation_counter.num_aot_artifacts_saved += 1
+
+
+def _sweep_partial_saves(path: Path) -> None:
+    """What a killed save left beside `path` (called under the folder's lock, so no save is under
+    way): our work folders, and the temporary files earlier versions let torch leave there."""
+    for leftover in path.parent.iterdir():
+        name = leftover.name
+        if name.startswith(f".{path.name}.saving."):
+            shutil.rmtree(leftover, ignore_errors=True)
+        elif (name.startswith("tmp") or (name.startswith(f".{path.name}.") and name.endswith(".tmp"))) \
+                and leftover.is_file():
+            with contextlib.suppress(OSError):
+                leftover.unlink()

@@ -424,7 +424,7 @@ class VllmBackend:
         cc = self.compilation_config
         device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
         key, self.cache_key_factors = cache_keys.backend_cache_key(cc, device, self.model_factors())
-        if envs.VLLM_DISABLE_COMPILE_CACHE:
+        if not caching.compile_cache_enabled(cc):
             return None
         local = Path(cc.cache_dir or cache_files.cache_root()) / key / "rank_0_0" / self.prefix
         try:

@@ -58,6 +58,17 @@ def loading_for(compilation_config: CompilationConfig) -> Iterator[None]:
         _loading_config = prev
 
 
+def compile_cache_enabled(cc: CompilationConfig) -> bool:
+    """vLLM's is_compile_cache_enabled (compiler_interface.py): the cache is off with
+    VLLM_DISABLE_COMPILE_CACHE=1, and with Inductor's force_disable_caches, set in this process
+    (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1) or in inductor_compile_config. Off, nothing is loaded
+    from it or saved to it."""
+    import torch._inductor.config as inductor_config
+
+    return not (envs.VLLM_DISABLE_COMPILE_CACHE or inductor_config.force_disable_caches
+                or cc.inductor_compile_config.get("force_disable_caches", False))
+
+
 def use_aot_compile(cc: CompilationConfig) -> bool:
     """VLLM_USE_AOT_COMPILE applies to VLLM_COMPILE with Inductor through standalone_compile."""
     if not (envs.VLLM_USE_AOT_COMPILE and cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"):

@@ -267,6 +267,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         self.input_spec = input_spec(self, args, kwargs, dynamic_arg_dims, mark_unbacked_dims)
         self._input_checks = _compile_checks(self, self.input_spec)
         self.model_factors = cache_keys.model_factors(self, self.input_spec)
+        aot.refuse_forced_load_without_aot(self.compilation_config)
         use_aot = caching.use_aot_compile(self.compilation_config)
         if use_aot:
             loaded = aot._try_load_aot_compiled_fn(self)
