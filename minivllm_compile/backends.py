@@ -15,6 +15,7 @@ import json
 import logging
 import operator
 import pprint
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -168,6 +169,41 @@ def graph_key(gm: fx.GraphModule) -> str:
         rows.append((n.op, str(n.target) if n.op != "placeholder" else "", str(torch.fx.node.map_arg(n.args, norm)),
                      str(torch.fx.node.map_arg(n.kwargs, norm)), meta if n.op == "placeholder" else ""))
     return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+
+
+def refuse_unbacked_floats(gm: fx.GraphModule) -> None:
+    """A Python float read from a tensor in forward (`float(t)`, `t.item()`; a numpy scalar
+    attribute too, which Dynamo reads as a 0-d tensor) is an unbacked float in the graph. Inductor
+    compiles it in a whole graph (DYNAMO_TRACE_ONCE), but not in a piece split out of one: it
+    failed deep inside with PendingUnbackedSymbolNotFound. Refused here, naming the line and the
+    fix."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        if not (isinstance(value, torch.SymFloat) and free_unbacked_symbols(value)):
+            continue
+        where = "forward"
+        lines = [ln.strip() for ln in (node.stack_trace or "").splitlines()]
+        last = max((i for i, ln in enumerate(lines) if ln.startswith('File "')), default=None)
+        if last is not None:  # the innermost frame: 'File "<path>", line <n>, in <fn>', its code
+            m = re.match(r'File "(.+)", line (\d+)', lines[last])
+            code = lines[last + 1] if last + 1 < len(lines) else ""
+            where = f"{Path(m.group(1)).name}:{m.group(2)}: {code}" if m else where
+        inputs = [a for a in node.all_input_nodes if a.op == "placeholder"]
+        source = getattr(inputs[0].meta.get("grapharg"), "source", None) if inputs else None
+        name = getattr(getattr(source, "base", None), "name", None)
+        fix = ("store a Python number, or a tensor used as a tensor, instead (for a buffer of "
+               "weights: a tensor; for a setting: a float)")
+        if type(source).__name__ == "NumpyTensorSource" and name is not None:
+            attr = re.sub(r"L\['([^']+)'\]", r"\1", name if isinstance(name, str) else name())
+            fix = (f"{attr} is a numpy scalar, which Dynamo reads as a 0-d tensor: store a Python "
+                   f"number instead, {attr} = float(...) where it is set (Dynamo then bakes the "
+                   "value into the graph)")
+        raise RuntimeError(
+            f"{where}\n  reads a tensor's value as a Python float (an unbacked float in the graph), "
+            "which VLLM_COMPILE cannot compile into its pieces (DYNAMO_TRACE_ONCE, compiling the "
+            f"graph whole, can): {fix}.")
 
 
 def make_compiler(compilation_config: CompilationConfig, *,
@@ -446,6 +482,8 @@ class VllmBackend:
         compilation_counter.num_graphs_seen += 1  # vLLM counts the load's re-run too
         compilation_counter.num_dynamo_traces += 0 if self.from_saved_graph else 1
         self.graphs.append(gm)
+        if self.compilation_config.backend == "inductor":
+            refuse_unbacked_floats(gm)
         self.cache_dir = self._pick_cache_dir(example_inputs)
         self.compiler_manager.initialize_cache(self.cache_dir, self.prefix)
         self.configure_post_pass()

@@ -513,3 +513,36 @@ def test_stock_torch_compile_logs_the_traces_own_time(caplog):
         seconds = compiled.backend.dynamo_time_s
         assert seconds is not None and 0 < seconds <= wall, (n, seconds, wall)
         assert f"Dynamo bytecode transform time: {seconds:.2f} s" in caplog.text
+
+
+class NumpyScale(nn.Module):
+    def __init__(self, *, compilation_config=None):
+        super().__init__()
+        import numpy as np
+
+        self.lin = nn.Linear(8, 8)
+        self.scale = np.float32(0.5)  # a numpy scalar, as a config loaded with numpy gives
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * float(self.scale)
+
+
+NumpyScale = support_torch_compile(NumpyScale)
+
+
+def test_a_numpy_scalar_read_as_a_float_is_explained_under_vllm_compile(monkeypatch):
+    """Dynamo reads a numpy scalar attribute as a 0-d tensor input and float() of it as an unbacked
+    float. DYNAMO_TRACE_ONCE compiles the graph whole and runs it; VLLM_COMPILE's pieces failed deep
+    in Inductor with PendingUnbackedSymbolNotFound. Now the error names the line and the fix."""
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    x = torch.randn(4, 8)
+    once = NumpyScale(compilation_config=cfg(backend="inductor"))
+    torch.testing.assert_close(once(x), once.lin(x) * 0.5)
+    model = NumpyScale(compilation_config=cfg(CompilationMode.VLLM_COMPILE, backend="inductor",
+                                              splitting_ops=[]))
+    with pytest.raises(Exception) as info:
+        model(x)
+    message = str(info.value)
+    assert "PendingUnbackedSymbolNotFound" not in message, message
+    assert f"{Path(__file__).name}:" in message and "float(self.scale)" in message, message
+    assert "self.scale is a numpy" in message and "self.scale = float(" in message, message
