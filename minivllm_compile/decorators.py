@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 import typing
 from typing import Any, Callable, Iterator, TypeVar
 from unittest.mock import patch
@@ -28,6 +29,9 @@ from minivllm_compile.monitor import monitor_torch_compile
 from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
 
 IGNORE_COMPILE_KEY = "_ignore_compile_minivllm"
+# First calls (load or compile) take turns, process-wide: the compile patches, the backend's model
+# tag and the loading config are process-wide too. Later calls run side by side.
+_FIRST_CALLS = threading.RLock()
 _T = TypeVar("_T", bound=type[nn.Module])
 
 
@@ -317,6 +321,12 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             check_inputs(self, args, kwargs)
             check_input_values(self, args, kwargs)
             return run_compiled(self, TorchCompileWithNoGuardsWrapper.__call__, (self, *args), kwargs)
+        with _FIRST_CALLS:
+            if self.aot_compiled_fn is None and not self.compiled:
+                return first_call(self, args, kwargs)
+        return __call__(self, *args, **kwargs)  # another thread compiled it while this one waited
+
+    def first_call(self, args: tuple, kwargs: dict) -> Any:
         check_input_values(self, args, kwargs)  # the first call runs compiled code too
         # what this one trace will fit: part of the cache key (the backend asks for model_factors
         # when Dynamo hands it the graph), and checked at every later call
