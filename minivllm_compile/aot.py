@@ -7,8 +7,13 @@ function (caching.VllmSerializableFunction). With VLLM_USE_MEGA_AOT_ARTIFACT (de
 torch >= 2.12, as in vLLM) the saved file holds the pieces' artifacts and a load rebuilds them
 without the backend; without it the file holds the Dynamo graph, and a load runs the backend on it
 again, each piece found in the CompilerManager's index instead of compiled (finalize_loading).
-VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable artifact into an error;
-VLLM_DISABLE_COMPILE_CACHE=1 neither loads nor saves.
+VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable artifact into an error (and a switch that turns
+the load off into one too); VLLM_DISABLE_COMPILE_CACHE=1 (or Inductor's force_disable_caches) neither
+loads nor saves.
+
+A load trusts nothing it has not checked: the file's SHA-256 and each piece's (caching.py), the key
+and model it was built for, the sources its trace read and the values it baked in
+(traced_state.py). Any difference is one warning, and the model is compiled and saved afresh.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from minivllm_compile import cache_files, cache_keys, caching, envs
+from minivllm_compile import cache_files, cache_keys, caching, envs, traced_state
 from minivllm_compile.backends import VllmBackend
 from minivllm_compile.config import CompilationMode
 from minivllm_compile.counter import compilation_counter
@@ -55,6 +60,31 @@ def _verify_source_unchanged(source_info, compilation_config) -> None:
     if changed:
         names = ", ".join(sorted(changed)[:3])
         raise RuntimeError(f"traced source changed since it was saved: {names}")
+
+
+def record_built_for(model) -> None:
+    """Write into the freshly compiled function what a later load must find again: the key and
+    model it was built for (a file copied to another model's path is then noticed), and what the
+    trace assumed (traced_state.py: its sources, the values it baked in)."""
+    path = getattr(model, "aot_path", None) or aot_path(model)
+    model.aot_compiled_fn._artifacts.compiled_fn.built_for = {
+        "aot_key": path.parent.parent.name, "model": _class_name(model),
+        "traced": traced_state.record(model)}
+
+
+def _class_name(model) -> str:
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def _verify_built_for(compiled_fn, model, path: Path) -> None:
+    """The artifact's own record against the loading model: built for this key and class, from
+    the same sources, with the same baked-in values. Raises, naming the first difference."""
+    built = getattr(compiled_fn, "built_for", None) or {}
+    key = path.parent.parent.name
+    if built.get("aot_key") != key or built.get("model") != _class_name(model):
+        raise RuntimeError(f"it was built for another model: {built.get('model', 'unknown')} (key "
+                           f"{built.get('aot_key')}), not {_class_name(model)} (key {key})")
+    traced_state.check(built.get("traced", {}), model)
 
 
 def refuse_forced_load_without_aot(cc) -> None:
@@ -95,6 +125,7 @@ def _try_load_aot_compiled_fn(model):
     try:
         with open(path, "rb") as f, caching.loading_for(model.compilation_config):
             fn = torch.compiler.load_compiled_function(f, f_globals=model.forward.__globals__)
+        _verify_built_for(fn._artifacts.compiled_fn, model, path)
         _verify_source_unchanged(fn.source_info(), model.compilation_config)
         if not model.compilation_config.dynamic_shapes_config.evaluate_guards:
             fn.disable_guard_check()
@@ -123,6 +154,12 @@ def save_aot_compiled_function(model) -> None:
     if not caching.compile_cache_enabled(model.compilation_config):
         return
     path = model.aot_path  # _try_load_aot_compiled_fn computed it before this compile
+    artifacts = getattr(model.aot_compiled_fn, "_artifacts", None)
+    built = getattr(getattr(artifacts, "compiled_fn", None), "built_for", None) or {}
+    unreadable = traced_state.unreadable(built.get("traced", {}))
+    if unreadable:
+        _warn_not_saved(_class_name(model), ", ".join(unreadable[:3]))
+        return
     try:
         with cache_files.locked(path.parent):
             _sweep_partial_saves(path)
@@ -141,6 +178,15 @@ def save_aot_compiled_function(model) -> None:
         logger.warning("cannot save the AOT artifact to %s (%s); it stays in memory", path, e)
         return
     compilation_counter.num_aot_artifacts_saved += 1
+
+
+@functools.cache  # once per class and process
+def _warn_not_saved(model: str, where: str) -> None:
+    logger.warning(
+        "%s is not saved to the compile cache: the source of %s cannot be read (defined with "
+        "python -c or exec?), so a later start could not tell an edited version from this one and "
+        "would run this compiled code. It is compiled at every start; define it in a file or a "
+        "notebook cell to cache it.", model, where)
 
 
 def _sweep_partial_saves(path: Path) -> None:

@@ -156,7 +156,9 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
 
 
 def graph_key(gm: fx.GraphModule) -> str:
-    """A hash of a piece's structure, blind to node names: identical layers give identical keys."""
+    """A hash of a piece's structure, blind to node names, to the names of its size symbols (s77
+    in one trace is s0 in the graph a non-mega AOT load traces again) and to addresses: identical
+    layers give identical keys, and a saved piece's key is found again in the next process."""
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     def norm(a):
@@ -168,7 +170,10 @@ def graph_key(gm: fx.GraphModule) -> str:
         meta = (str(value.shape), str(value.stride()), str(value.dtype)) if isinstance(value, torch.Tensor) else repr(value)
         rows.append((n.op, str(n.target) if n.op != "placeholder" else "", str(torch.fx.node.map_arg(n.args, norm)),
                      str(torch.fx.node.map_arg(n.kwargs, norm)), meta if n.op == "placeholder" else ""))
-    return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+    symbols: dict[str, str] = {}
+    text = re.sub(r"\b[su]\d+\b", lambda m: symbols.setdefault(m.group(0), f"sym{len(symbols)}"),
+                  re.sub(r" at 0x[0-9a-f]+", "", repr(rows)))  # a builtin's repr has its address
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def refuse_unbacked_floats(gm: fx.GraphModule) -> None:
@@ -301,8 +306,11 @@ class CompilerManager:
         self.is_cache_updated = False
 
     def load(self, graph: fx.GraphModule, example_inputs: list, graph_index: int,
-             compile_range: Range) -> CompiledEntry | None:
-        """The piece's artifact for this entry, if the index has it; None: compile it."""
+             compile_range: Range, cache_key: str) -> CompiledEntry | None:
+        """The piece's artifact for this entry, if the index has it; None: compile it. The entry
+        must have been written for this piece's graph (`cache_key`, graph_key's), and the file
+        must be the one saved (its SHA-256, recorded in the index): a piece file swapped with
+        another, or another model's, loaded and then failed at every call of every start."""
         if not self.use_aot_compile or self.disable_cache:
             return None
         value = self.cache.get((compile_range, graph_index, self.compiler.name))
@@ -311,6 +319,11 @@ class CompilerManager:
         t0 = time.perf_counter()
         try:
             key, path = value["graph_handle"]
+            if value.get("cache_key") != cache_key:
+                raise RuntimeError("the index entry was written for another graph")
+            if cache_files.path_sha256(Path(self.cache_dir) / key) != value.get("sha256"):
+                raise RuntimeError("the file is not the one saved (its SHA-256 differs from the "
+                                   "index's)")
             runnable = self.compiler.load((key, path), graph, example_inputs, graph_index, compile_range)
         except Exception as e:  # a corrupt or missing artifact: compile it again, and overwrite it
             if envs.VLLM_FORCE_AOT_LOAD:
@@ -328,7 +341,7 @@ class CompilerManager:
                 graph_index: int) -> CompiledEntry:
         compilation_counter.num_backend_compilations += 1
         key = (graph_key(graph), compile_range)
-        entry = self.load(graph, example_inputs, graph_index, compile_range)
+        entry = self.load(graph, example_inputs, graph_index, compile_range, key[0])
         if entry is not None:
             self._by_key.setdefault(key, entry)
             self.entries.append(entry)
@@ -360,7 +373,8 @@ class CompilerManager:
                        self.compiler.name, entry.seconds)
             if self.use_aot_compile and not self.disable_cache and entry.handle is not None:
                 self.cache[(compile_range, graph_index, self.compiler.name)] = {
-                    "graph_handle": entry.handle, "cache_key": key[0]}
+                    "graph_handle": entry.handle, "cache_key": key[0],
+                    "sha256": cache_files.path_sha256(Path(self.cache_dir) / entry.handle[0])}
                 compilation_counter.num_cache_entries_updated += 1
                 self.is_cache_updated = True
                 self.save_to_file()

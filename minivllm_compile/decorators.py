@@ -136,10 +136,14 @@ def compile_patches(model: nn.Module) -> Iterator[None]:
     dynamic_shapes_config.assume_32_bit_indexing asks for it (each where this torch has it)."""
     traced = model.compilation_config.traced_files
     traced.add(model.original_code_object().co_filename)
+    # the code objects themselves, with their module: the AOT artifact's record of its sources
+    # (traced_state.py) finds code that is in no file on disk by them
+    model.traced_code = [(model.original_code_object(), type(model).__module__)]
     inline_call = InliningInstructionTranslator.inline_call_
 
     def patched_inline_call(tracer):  # every function Dynamo inlines passes through here
         traced.add(tracer.f_code.co_filename)
+        model.traced_code.append((tracer.f_code, tracer.f_globals.get("__name__")))
         return inline_call(tracer)
 
     ds = model.compilation_config.dynamic_shapes_config
@@ -347,6 +351,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             if use_aot:  # §10/§11: compile ahead of time, save, then run the compiled function
                 self.aot_compiled_fn = self.aot_compile(*args, **kwargs)
                 compilation_counter.num_aot_compiles += 1
+                aot.record_built_for(self)  # what a later load checks: the model, its sources, values
                 if not self.compilation_config.dynamic_shapes_config.evaluate_guards:
                     # as after a load: the guards were filtered away, so checking what is left
                     # only binds the call's arguments again, every call (~20 us here). vLLM

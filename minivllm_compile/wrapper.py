@@ -4,8 +4,10 @@ hook that calls Dynamo's transformed code directly (vLLM's compilation/wrapper.p
 A decorated model is its own wrapper (support_torch_compile adds this class to its bases), so
 `self` below is the model. Dynamo traces `forward` once; with every guard dropped that one trace
 serves every later shape. With the hook on, the transformed bytecode Dynamo produced for
-`forward` is captured, and later calls swap it into `forward.__code__` and call `forward` like
-any Python function: Dynamo is never entered again.
+`forward` is captured, and later calls run it as a plain Python function: Dynamo is never entered
+again. (vLLM swaps it into the class's shared `forward.__code__` for each call; here each instance
+compiles a copy of forward's code of its own and calls the transformed code as its own function:
+see own_forward.)
 """
 
 from __future__ import annotations
@@ -29,10 +31,15 @@ import torch
 import torch._C._dynamo.guards
 
 from minivllm_compile import envs
-from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
-                                     DynamicShapesType)
+from minivllm_compile.config import (
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    DynamicShapesType,
+)
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.monitor import dynamo_transform_time, watch_dynamo_compiles
+from minivllm_compile.traced_state import value_record
 
 logger = logging.getLogger("minivllm_compile")
 
@@ -194,6 +201,10 @@ class TorchCompileWithNoGuardsWrapper:
         def filter_and_record(entries):
             keep = guard_filter(entries)
             self.guard_table = [GuardRow(e.name, e.guard_type, k) for e, k in zip(entries, keep)]
+            # what each dropped guard checked, for the AOT artifact's record (traced_state.py): the
+            # values the graph baked in, which a later process must still have to load it
+            names = tuple(self._forward_function.__code__.co_freevars)
+            self.guard_values = [r for e in entries if (r := value_record(e, names)) is not None]
             return keep
 
         return filter_and_record
