@@ -65,7 +65,10 @@ def _verify_source_unchanged(source_info, compilation_config) -> None:
 def record_built_for(model) -> None:
     """Write into the freshly compiled function what a later load must find again: the key and
     model it was built for (a file copied to another model's path is then noticed), and what the
-    trace assumed (traced_state.py: its sources, the values it baked in)."""
+    trace assumed (traced_state.py: its sources, the values it baked in). Nothing to record where
+    nothing is saved."""
+    if not caching.compile_cache_enabled(model.compilation_config):
+        return
     path = getattr(model, "aot_path", None) or aot_path(model)
     model.aot_compiled_fn._artifacts.compiled_fn.built_for = {
         "aot_key": path.parent.parent.name, "model": _class_name(model),
