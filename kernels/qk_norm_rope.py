@@ -25,7 +25,11 @@ from minivllm_compile.kernels.layernorm import (
     needs_bf16_rtne,
     rms_norm_ref,
 )
-from minivllm_compile.kernels.rotary_embedding import rope_pair, rotary_embedding_ref
+from minivllm_compile.kernels.rotary_embedding import (
+    check_positions,
+    rope_pair,
+    rotary_embedding_ref,
+)
 
 
 def fused_qk_norm_rope_ref(
@@ -143,10 +147,17 @@ def fused_qk_norm_rope_triton(
     is_neox: bool,
     position_ids: torch.Tensor,
     forced_token_heads_per_warp: int = -1,
+    *,
+    check_positions_in_range: bool = True,
 ) -> None:
+    """In place on ``qkv``. ``check_positions_in_range=False`` skips the one check that costs a
+    host sync (every position a row of ``cos_sin_cache``: the kernel reads row ``pos``
+    unchecked); only ops.fused_qk_norm_rope, which has checked them already, passes it."""
     require_triton("fused_qk_norm_rope_triton")
     num_heads = num_heads_q + num_heads_k + num_heads_v
     _check_args(qkv, num_heads, head_dim, q_weight, k_weight, cos_sin_cache, position_ids)
+    if check_positions_in_range:
+        check_positions(position_ids, cos_sin_cache, "fused_qk_norm_rope_triton")
     if qkv.shape[0] == 0 or num_heads_q + num_heads_k == 0:
         return
     R = cos_sin_cache.shape[1] // 2

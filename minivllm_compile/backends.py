@@ -15,6 +15,7 @@ import json
 import logging
 import operator
 import pprint
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -155,7 +156,9 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
 
 
 def graph_key(gm: fx.GraphModule) -> str:
-    """A hash of a piece's structure, blind to node names: identical layers give identical keys."""
+    """A hash of a piece's structure, blind to node names, to the names of its size symbols (s77
+    in one trace is s0 in the graph a non-mega AOT load traces again) and to addresses: identical
+    layers give identical keys, and a saved piece's key is found again in the next process."""
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     def norm(a):
@@ -167,7 +170,45 @@ def graph_key(gm: fx.GraphModule) -> str:
         meta = (str(value.shape), str(value.stride()), str(value.dtype)) if isinstance(value, torch.Tensor) else repr(value)
         rows.append((n.op, str(n.target) if n.op != "placeholder" else "", str(torch.fx.node.map_arg(n.args, norm)),
                      str(torch.fx.node.map_arg(n.kwargs, norm)), meta if n.op == "placeholder" else ""))
-    return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+    symbols: dict[str, str] = {}
+    text = re.sub(r"\b[su]\d+\b", lambda m: symbols.setdefault(m.group(0), f"sym{len(symbols)}"),
+                  re.sub(r" at 0x[0-9a-f]+", "", repr(rows)))  # a builtin's repr has its address
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def refuse_unbacked_floats(gm: fx.GraphModule) -> None:
+    """A Python float read from a tensor in forward (`float(t)`, `t.item()`; a numpy scalar
+    attribute too, which Dynamo reads as a 0-d tensor) is an unbacked float in the graph. Inductor
+    compiles it in a whole graph (DYNAMO_TRACE_ONCE), but not in a piece split out of one: it
+    failed deep inside with PendingUnbackedSymbolNotFound. Refused here, naming the line and the
+    fix."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        if not (isinstance(value, torch.SymFloat) and free_unbacked_symbols(value)):
+            continue
+        where = "forward"
+        lines = [ln.strip() for ln in (node.stack_trace or "").splitlines()]
+        last = max((i for i, ln in enumerate(lines) if ln.startswith('File "')), default=None)
+        if last is not None:  # the innermost frame: 'File "<path>", line <n>, in <fn>', its code
+            m = re.match(r'File "(.+)", line (\d+)', lines[last])
+            code = lines[last + 1] if last + 1 < len(lines) else ""
+            where = f"{Path(m.group(1)).name}:{m.group(2)}: {code}" if m else where
+        inputs = [a for a in node.all_input_nodes if a.op == "placeholder"]
+        source = getattr(inputs[0].meta.get("grapharg"), "source", None) if inputs else None
+        name = getattr(getattr(source, "base", None), "name", None)
+        fix = ("store a Python number, or a tensor used as a tensor, instead (for a buffer of "
+               "weights: a tensor; for a setting: a float)")
+        if type(source).__name__ == "NumpyTensorSource" and name is not None:
+            attr = re.sub(r"L\['([^']+)'\]", r"\1", name if isinstance(name, str) else name())
+            fix = (f"{attr} is a numpy scalar, which Dynamo reads as a 0-d tensor: store a Python "
+                   f"number instead, {attr} = float(...) where it is set (Dynamo then bakes the "
+                   "value into the graph)")
+        raise RuntimeError(
+            f"{where}\n  reads a tensor's value as a Python float (an unbacked float in the graph), "
+            "which VLLM_COMPILE cannot compile into its pieces (DYNAMO_TRACE_ONCE, compiling the "
+            f"graph whole, can): {fix}.")
 
 
 def make_compiler(compilation_config: CompilationConfig, *,
@@ -265,8 +306,11 @@ class CompilerManager:
         self.is_cache_updated = False
 
     def load(self, graph: fx.GraphModule, example_inputs: list, graph_index: int,
-             compile_range: Range) -> CompiledEntry | None:
-        """The piece's artifact for this entry, if the index has it; None: compile it."""
+             compile_range: Range, cache_key: str) -> CompiledEntry | None:
+        """The piece's artifact for this entry, if the index has it; None: compile it. The entry
+        must have been written for this piece's graph (`cache_key`, graph_key's), and the file
+        must be the one saved (its SHA-256, recorded in the index): a piece file swapped with
+        another, or another model's, loaded and then failed at every call of every start."""
         if not self.use_aot_compile or self.disable_cache:
             return None
         value = self.cache.get((compile_range, graph_index, self.compiler.name))
@@ -275,6 +319,11 @@ class CompilerManager:
         t0 = time.perf_counter()
         try:
             key, path = value["graph_handle"]
+            if value.get("cache_key") != cache_key:
+                raise RuntimeError("the index entry was written for another graph")
+            if cache_files.path_sha256(Path(self.cache_dir) / key) != value.get("sha256"):
+                raise RuntimeError("the file is not the one saved (its SHA-256 differs from the "
+                                   "index's)")
             runnable = self.compiler.load((key, path), graph, example_inputs, graph_index, compile_range)
         except Exception as e:  # a corrupt or missing artifact: compile it again, and overwrite it
             if envs.VLLM_FORCE_AOT_LOAD:
@@ -292,7 +341,7 @@ class CompilerManager:
                 graph_index: int) -> CompiledEntry:
         compilation_counter.num_backend_compilations += 1
         key = (graph_key(graph), compile_range)
-        entry = self.load(graph, example_inputs, graph_index, compile_range)
+        entry = self.load(graph, example_inputs, graph_index, compile_range, key[0])
         if entry is not None:
             self._by_key.setdefault(key, entry)
             self.entries.append(entry)
@@ -324,7 +373,8 @@ class CompilerManager:
                        self.compiler.name, entry.seconds)
             if self.use_aot_compile and not self.disable_cache and entry.handle is not None:
                 self.cache[(compile_range, graph_index, self.compiler.name)] = {
-                    "graph_handle": entry.handle, "cache_key": key[0]}
+                    "graph_handle": entry.handle, "cache_key": key[0],
+                    "sha256": cache_files.path_sha256(Path(self.cache_dir) / entry.handle[0])}
                 compilation_counter.num_cache_entries_updated += 1
                 self.is_cache_updated = True
                 self.save_to_file()
@@ -424,7 +474,7 @@ class VllmBackend:
         cc = self.compilation_config
         device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
         key, self.cache_key_factors = cache_keys.backend_cache_key(cc, device, self.model_factors())
-        if envs.VLLM_DISABLE_COMPILE_CACHE:
+        if not caching.compile_cache_enabled(cc):
             return None
         local = Path(cc.cache_dir or cache_files.cache_root()) / key / "rank_0_0" / self.prefix
         try:
@@ -446,6 +496,8 @@ class VllmBackend:
         compilation_counter.num_graphs_seen += 1  # vLLM counts the load's re-run too
         compilation_counter.num_dynamo_traces += 0 if self.from_saved_graph else 1
         self.graphs.append(gm)
+        if self.compilation_config.backend == "inductor":
+            refuse_unbacked_floats(gm)
         self.cache_dir = self._pick_cache_dir(example_inputs)
         self.compiler_manager.initialize_cache(self.cache_dir, self.prefix)
         self.configure_post_pass()

@@ -82,6 +82,21 @@ def file_hash(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+def path_sha256(path: Path) -> str | None:
+    """The SHA-256 of a file, or of a folder's files (names and contents, in order); None if it
+    cannot be read."""
+    h = hashlib.sha256()
+    try:
+        if path.is_dir():
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                h.update(str(f.relative_to(path)).encode() + b"\0" + f.read_bytes())
+        else:
+            h.update(path.read_bytes())
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
 @functools.cache
 def _umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it: put it straight back

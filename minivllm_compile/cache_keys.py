@@ -12,8 +12,9 @@ something else. Its factors, and what each covers:
                     key for the same reason
     passes          the post-grad passes' uuids, a user's pass included (PostGradPassManager.uuid;
                     vLLM leaves it out of its folder hash: there it keys Inductor's own cache)
-    model           the compiled module's class and every parameter's and buffer's name, shape,
-                    dtype and device (weights are graph inputs: their values are not baked in)
+    model           the compiled module's class, forward's text where it can be read (a file, a
+                    notebook cell), and every parameter's and buffer's name, shape, dtype and
+                    device (weights are graph inputs: their values are not baked in)
     constants       every plain value the module and its submodules hold (an eps, a head count,
                     a layer name, a bool that picks a branch): Dynamo bakes such values into the
                     graph as constants, and with the guards dropped nothing would notice a change
@@ -22,14 +23,19 @@ something else. Its factors, and what each covers:
                     contiguity; each plain argument's value
     tag             which compiled part of the model it is (vLLM's model tag, "backbone" by default)
     device          (backend key) where the traced graph's inputs live
-    traced_files    (backend key) every file Dynamo traced, with its content. The AOT key is
-                    known before Dynamo runs, so the AOT load checks the traced sources instead.
+    traced_files    (backend key) every file Dynamo traced, with its content.
+
+The AOT key is known before Dynamo runs: what only the trace finds out, the functions it read (a
+notebook cell's too) and every value it baked in and guarded on (a private or class attribute, a
+module global, a nested object's field), is recorded with the artifact and checked when it is
+loaded instead (traced_state.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import json
 from typing import Any
 
@@ -43,12 +49,16 @@ DEFAULT_MODEL_TAG = "backbone"
 
 
 def model_signature(module: torch.nn.Module) -> str:
-    """The model's class and every parameter's name, shape, dtype and device type: weights are graph
-    inputs, so a compiled artifact fits exactly the models with this signature (C++ kernels built for
-    CPU tensors are no use to a model on the GPU)."""
+    """The model's class, forward's text, and every parameter's name, shape, dtype and device type:
+    weights are graph inputs, so a compiled artifact fits exactly the models with this signature
+    (C++ kernels built for CPU tensors are no use to a model on the GPU)."""
     cls = type(module)
     forward = cls.forward
-    rows = [f"{cls.__module__}.{cls.__qualname__}:{forward.__code__.co_firstlineno}"]
+    try:  # forward's text where it can be read (a file, a notebook cell): an edit is a new key
+        written = sha(inspect.getsource(forward), 16)
+    except (OSError, TypeError):  # python -c, exec: the AOT save refuses such code (aot.py)
+        written = str(forward.__code__.co_firstlineno)
+    rows = [f"{cls.__module__}.{cls.__qualname__}:{written}"]
     rows += [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}" for n, p in module.named_parameters()]
     rows += [f"{n}:{tuple(b.shape)}:{b.dtype}:{b.device.type}" for n, b in module.named_buffers()]
     return sha("\n".join(rows), 16)
@@ -59,7 +69,8 @@ _SKIP = object()
 # set by the decorator and the wrapper on the compiled module itself: how it is compiled (the
 # config has its own factor), not what it computes
 _COMPILE_STATE = frozenset({"compilation_config", "do_not_compile", "compiled", "first_compile",
-                           "aot_compiled_fn", "aot_path", "guard_table", "input_spec", "model_factors"})
+                           "aot_compiled_fn", "aot_path", "guard_table", "guard_values",
+                           "traced_code", "input_spec", "model_factors"})
 
 
 def _constant(value: Any, _seen: frozenset = frozenset(), _in_object: bool = False) -> Any:

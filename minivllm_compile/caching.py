@@ -4,13 +4,18 @@ Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
 
     torch_aot_compile/<aot hash>/rank_0_0/model     the whole compiled forward (torch's AOT format);
                                                     with VLLM_USE_MEGA_AOT_ARTIFACT (the default) the
-                                                    pieces' artifacts are inside it
+                                                    pieces' artifacts are inside it. Our part of it
+                                                    carries its SHA-256 and its record of what it was
+                                                    built for (key, model, traced sources and values:
+                                                    aot.py, traced_state.py), checked on load
     <backend hash>/rank_0_0/<tag>/                  what VllmBackend wrote for that model:
         cache_key_factors.json                      every factor of <backend hash>
         computation_graph.py                        the split graph, readable
         artifact_compile_range_<s>_<e>_subgraph_<i> one Inductor artifact per piece and entry, and
-        vllm_compile_cache.py                       the CompilerManager's index of them: both only
-                                                    with AOT on and VLLM_USE_MEGA_AOT_ARTIFACT=0
+        vllm_compile_cache.py                       the CompilerManager's index of them (each one's
+                                                    SHA-256 and its piece's graph key, checked on
+                                                    load): both only with AOT on and
+                                                    VLLM_USE_MEGA_AOT_ARTIFACT=0
     <backend hash>/rank_0_0/inductor_cache/, triton_cache/
                                                     Inductor's and Triton's own caches, moved here by
                                                     the compile_fx adaptor (VLLM_USE_STANDALONE_COMPILE=0)
@@ -56,6 +61,17 @@ def loading_for(compilation_config: CompilationConfig) -> Iterator[None]:
         yield
     finally:
         _loading_config = prev
+
+
+def compile_cache_enabled(cc: CompilationConfig) -> bool:
+    """vLLM's is_compile_cache_enabled (compiler_interface.py): the cache is off with
+    VLLM_DISABLE_COMPILE_CACHE=1, and with Inductor's force_disable_caches, set in this process
+    (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1) or in inductor_compile_config. Off, nothing is loaded
+    from it or saved to it."""
+    import torch._inductor.config as inductor_config
+
+    return not (envs.VLLM_DISABLE_COMPILE_CACHE or inductor_config.force_disable_caches
+                or cc.inductor_compile_config.get("force_disable_caches", False))
 
 
 def use_aot_compile(cc: CompilationConfig) -> bool:
@@ -129,9 +145,14 @@ class VllmSerializableFunction(SerializableCallable):
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: "VllmSerializableFunction") -> bytes:
+        """The state below, pickled, inside a record of its SHA-256: a load checks it before it
+        trusts a byte (a flipped bit in an artifact gave wrong logits, with no warning, wherever
+        Inductor's own cache did not have the kernel)."""
         mega = envs.VLLM_USE_MEGA_AOT_ARTIFACT
         state = {"mega": mega, "save_format": fn.save_format,
-                 "prefix": getattr(fn.vllm_backend, "prefix", DEFAULT_MODEL_TAG)}
+                 "prefix": getattr(fn.vllm_backend, "prefix", DEFAULT_MODEL_TAG),
+                 # which model and key it was built for, its sources and baked values (aot.py)
+                 "built_for": getattr(fn, "built_for", None)}
         if mega:
             pieces, store = _piece_bytes(fn)
             state.update(graph=_pickle_graph(fn.split_gm, keep_inputs=False),
@@ -141,7 +162,8 @@ class VllmSerializableFunction(SerializableCallable):
                 raise RuntimeError("without VLLM_USE_MEGA_AOT_ARTIFACT the Dynamo graph is saved, and this "
                                    "function does not know it (was it loaded?)")
             state.update(graph=_pickle_graph(fn.vllm_backend.graphs[0], keep_inputs=True))
-        return pickle.dumps(state)
+        payload = pickle.dumps(state)
+        return pickle.dumps({"sha256": hashlib.sha256(payload).hexdigest(), "payload": payload})
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> "VllmSerializableFunction":
@@ -149,7 +171,7 @@ class VllmSerializableFunction(SerializableCallable):
         from torch.fx._graph_pickler import GraphPickler
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        state = pickle.loads(data)
+        state = _checked_state(data)
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
         gm = GraphPickler.loads(state["graph"], fake_mode)
         gm.recompile()
@@ -161,6 +183,7 @@ class VllmSerializableFunction(SerializableCallable):
             fn.split_gm, fn.compilation_config, fn.pieces, fn.cache_dir = None, None, [], None
             fn.save_format, fn.vllm_backend, fn.shape_env = state["save_format"], None, None
             fn._pending = (gm, state["prefix"], fake_mode)
+            fn.built_for = state["built_for"]
             return fn
         for child in gm.children():
             if isinstance(child, fx.GraphModule):
@@ -168,7 +191,9 @@ class VllmSerializableFunction(SerializableCallable):
         cc = _loading_config or pickle.loads(state["config"])
         with cpu_isa.remembered_probe():  # else Inductor's ISA probe is most of the load's time
             _load_pieces(gm, cc, state["pieces"], state["artifacts"])
-        return cls(gm, cc, state["pieces"], None, state["save_format"])
+        fn = cls(gm, cc, state["pieces"], None, state["save_format"])
+        fn.built_for = state["built_for"]
+        return fn
 
     def finalize_loading(self, compilation_config: CompilationConfig, make_backend: Any) -> None:
         """As vLLM's: run the backend on the loaded Dynamo graph, now that the traced files are in
@@ -192,6 +217,17 @@ class VllmSerializableFunction(SerializableCallable):
         self.shape_env = built.shape_env
 
 
+def _checked_state(data: bytes) -> dict:
+    """The saved state, once its SHA-256 matches the one recorded with it."""
+    record = pickle.loads(data)
+    if not (isinstance(record, dict) and {"sha256", "payload"} <= record.keys()):
+        raise RuntimeError("not an artifact this version wrote (no SHA-256 recorded with it)")
+    if hashlib.sha256(record["payload"]).hexdigest() != record["sha256"]:
+        raise RuntimeError("its content does not match the SHA-256 recorded with it: the file is "
+                           "corrupt (a flipped bit, a bad copy)")
+    return pickle.loads(record["payload"])
+
+
 def _pickle_graph(gm: fx.GraphModule, keep_inputs: bool) -> bytes:
     """GraphPickler.dumps(gm), without what stands in for a submodule at run time (a piece's
     PiecewiseBackend, a profiler range: the modules are saved, not those) and without the
@@ -201,6 +237,7 @@ def _pickle_graph(gm: fx.GraphModule, keep_inputs: bool) -> bytes:
     from torch.fx._graph_pickler import GraphPickler, Options
 
     saved = {name: gm.__dict__.pop(name) for name in list(gm._modules) if name in gm.__dict__}
+    views = {}
     try:
         for m in [gm, *gm.children()]:
             if isinstance(m, fx.GraphModule):
@@ -210,9 +247,20 @@ def _pickle_graph(gm: fx.GraphModule, keep_inputs: bool) -> bytes:
                         drop += ("example_value", "val")
                     for key in drop:
                         node.meta.pop(key, None)
+                    value = node.meta.get("example_value")
+                    if getattr(value, "_base", None) is not None and hasattr(value, "fake_mode"):
+                        # an input that was a view (x.view(...) passed to the first call): the
+                        # same sizes and strides, without the base GraphPickler cannot pickle
+                        views[node] = value
+                        with value.fake_mode:
+                            node.meta["example_value"] = torch.empty_strided(
+                                value.shape, value.stride(), dtype=value.dtype, device=value.device,
+                                requires_grad=value.requires_grad)
         return GraphPickler.dumps(gm, Options(ops_filter=None))
     finally:
         gm.__dict__.update(saved)
+        for node, value in views.items():
+            node.meta["example_value"] = value
 
 
 class _ExampleValues(fx.Interpreter):
@@ -262,7 +310,11 @@ def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict], 
         for r, ref in p["entries"].items():
             digest = ref["sha256"]
             if digest not in loaded:
-                loaded[digest] = AOTCompiledArtifact.deserialize(store[digest])
+                data = store.get(digest)
+                if data is None or hashlib.sha256(data).hexdigest() != digest:
+                    raise RuntimeError(f"piece {p['index']}'s artifact for {r} does not match the "
+                                       "SHA-256 recorded for it")
+                loaded[digest] = AOTCompiledArtifact.deserialize(data)
                 compilation_counter.num_compiled_artifacts_loaded += 1
             runnables[r] = loaded[digest]
             if p.get("single_output"):  # a loaded artifact returns a list even for one value

@@ -23,6 +23,7 @@ EagerAdaptor runs the graph.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import time
@@ -71,10 +72,25 @@ def initialize_inductor_cache(base_cache_dir: str) -> None:
     default) into the rank's cache directory, beside the prefix folders and shared by them: copying
     the compile cache to another machine then carries the kernels. Process-wide, as in vLLM: these
     are environment variables Inductor and Triton read on every lookup."""
+    if any(c.isspace() for c in base_cache_dir):
+        _warn_cache_dir_with_space(base_cache_dir)
+        return
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor_cache"), ("TRITON_CACHE_DIR", "triton_cache")):
         path = os.path.join(base_cache_dir, sub)
         os.makedirs(path, exist_ok=True)
         os.environ[var] = path
+
+
+@functools.cache  # once per folder and process
+def _warn_cache_dir_with_space(base_cache_dir: str) -> None:
+    """Inductor builds its C++ compile command by joining paths with spaces, unquoted: a kernel
+    under a path with a space fails to compile (CppCompileError). vLLM moves the caches anyway."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    logger.warning("the compile cache's folder %r has a space in its path, which Inductor's C++ compile "
+                   "command cannot take: Inductor's own cache stays in %s (and Triton's where it is). "
+                   "Choose a VLLM_CACHE_ROOT without spaces to keep them in the compile cache.",
+                   base_cache_dir, cache_dir())
 
 
 def _base_cache_dir(cache_dir: str, prefix: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 import typing
 from typing import Any, Callable, Iterator, TypeVar
 from unittest.mock import patch
@@ -28,6 +29,9 @@ from minivllm_compile.monitor import monitor_torch_compile
 from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
 
 IGNORE_COMPILE_KEY = "_ignore_compile_minivllm"
+# First calls (load or compile) take turns, process-wide: the compile patches, the backend's model
+# tag and the loading config are process-wide too. Later calls run side by side.
+_FIRST_CALLS = threading.RLock()
 _T = TypeVar("_T", bound=type[nn.Module])
 
 
@@ -132,10 +136,14 @@ def compile_patches(model: nn.Module) -> Iterator[None]:
     dynamic_shapes_config.assume_32_bit_indexing asks for it (each where this torch has it)."""
     traced = model.compilation_config.traced_files
     traced.add(model.original_code_object().co_filename)
+    # the code objects themselves, with their module: the AOT artifact's record of its sources
+    # (traced_state.py) finds code that is in no file on disk by them
+    model.traced_code = [(model.original_code_object(), type(model).__module__)]
     inline_call = InliningInstructionTranslator.inline_call_
 
     def patched_inline_call(tracer):  # every function Dynamo inlines passes through here
         traced.add(tracer.f_code.co_filename)
+        model.traced_code.append((tracer.f_code, tracer.f_globals.get("__name__")))
         return inline_call(tracer)
 
     ds = model.compilation_config.dynamic_shapes_config
@@ -195,6 +203,59 @@ def _input_mismatch(model: nn.Module, name: str, value: Any, spec: dict) -> str:
     return (f"{cls} was compiled once, on its first call, for {name}: {traced}; this call passes {got}. "
             f"The compiled code has no guards to notice (they were dropped), so it would read the tensor "
             f"wrongly: {fix}, or build another model for these inputs.")
+
+
+def check_input_values(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """The model's own check of its inputs' values, if it has one (`model.check_input_values(...)`,
+    taking forward's arguments): an out-of-range index that compiled code looks up aborts the
+    process inside Inductor's bounds check instead of raising (LlamaModel checks its token ids and
+    positions). Skipped while a CUDA graph is captured: a check reads values back to the host,
+    which a capture forbids."""
+    check = getattr(model, "check_input_values", None)
+    if check is None or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        return
+    check(*args, **kwargs)
+
+
+def parameter_layout(model: nn.Module) -> dict[str, tuple]:
+    """Each parameter's and buffer's dtype, device, sizes and strides: what the compiled code was
+    built for (they are graph inputs; Inductor's code asserts their strides)."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return {n: (t.dtype, t.device, tuple(t.shape), t.stride()) for n, t in tensors}
+
+
+def run_compiled(model: nn.Module, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Call the compiled code; when it fails, say whether the model changed after it was compiled
+    (a parameter of another dtype, device, size or layout), which no guard checks."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        changed = _changes_since_compile(model)
+        if changed:
+            raise RuntimeError(
+                f"{type(model).__name__} changed after it was compiled: "
+                + "; ".join(changed[:4]) + ("; ..." if len(changed) > 4 else "")
+                + ". The compiled code was built for its parameters as they were at the first call "
+                "(they are graph inputs, their guards dropped). Change a model before its first "
+                "call (.to(dtype), .to(device), contiguous weights), or build a new one.") from e
+        raise
+
+
+def _changes_since_compile(model: nn.Module) -> list[str]:
+    before, now = getattr(model, "_parameter_layout", None), parameter_layout(model)
+    if before is None:
+        return []
+    changes = []
+    for name in sorted(before.keys() | now.keys()):
+        if name not in now or name not in before:
+            changes.append(f"{name} {'is gone' if name not in now else 'is new'}")
+            continue
+        for what, was, is_now in zip(("was {}", "was on {}", "had sizes {}", "had strides {}"),
+                                     before[name], now[name]):
+            if was != is_now:
+                changes.append(f"{name} {what.format(was)}, now {is_now}")
+                break
+    return changes
 
 
 def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: dict | None,
@@ -258,15 +319,26 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             return self.forward(*args, **kwargs)
         if self.aot_compiled_fn is not None:  # loaded or AOT-compiled: no Dynamo, no hook
             check_inputs(self, args, kwargs)
-            return self.aot_compiled_fn(self, *args, **kwargs)
+            check_input_values(self, args, kwargs)
+            return run_compiled(self, self.aot_compiled_fn, (self, *args), kwargs)
         if self.compiled:
             check_inputs(self, args, kwargs)
-            return TorchCompileWithNoGuardsWrapper.__call__(self, *args, **kwargs)
+            check_input_values(self, args, kwargs)
+            return run_compiled(self, TorchCompileWithNoGuardsWrapper.__call__, (self, *args), kwargs)
+        with _FIRST_CALLS:
+            if self.aot_compiled_fn is None and not self.compiled:
+                return first_call(self, args, kwargs)
+        return __call__(self, *args, **kwargs)  # another thread compiled it while this one waited
+
+    def first_call(self, args: tuple, kwargs: dict) -> Any:
+        check_input_values(self, args, kwargs)  # the first call runs compiled code too
         # what this one trace will fit: part of the cache key (the backend asks for model_factors
         # when Dynamo hands it the graph), and checked at every later call
         self.input_spec = input_spec(self, args, kwargs, dynamic_arg_dims, mark_unbacked_dims)
         self._input_checks = _compile_checks(self, self.input_spec)
         self.model_factors = cache_keys.model_factors(self, self.input_spec)
+        self._parameter_layout = parameter_layout(self)
+        aot.refuse_forced_load_without_aot(self.compilation_config)
         use_aot = caching.use_aot_compile(self.compilation_config)
         if use_aot:
             loaded = aot._try_load_aot_compiled_fn(self)
@@ -279,6 +351,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             if use_aot:  # §10/§11: compile ahead of time, save, then run the compiled function
                 self.aot_compiled_fn = self.aot_compile(*args, **kwargs)
                 compilation_counter.num_aot_compiles += 1
+                aot.record_built_for(self)  # what a later load checks: the model, its sources, values
                 if not self.compilation_config.dynamic_shapes_config.evaluate_guards:
                     # as after a load: the guards were filtered away, so checking what is left
                     # only binds the call's arguments again, every call (~20 us here). vLLM

@@ -3,7 +3,10 @@ took, and the switch that allows CUDA-graph capture.
 
 vLLM logs "Dynamo bytecode transform time: %.2f s" from the start of the first compiled call to the
 moment Dynamo hands the graph to the backend (seed §14): the trace alone, before any Inductor work.
-Whether a call enters Dynamo at all is measured by viz.count_dynamo_entries (notebook 04).
+STOCK_TORCH_COMPILE is compiled by its caller, outside monitor_torch_compile (vLLM logs no such
+line there): its time runs from the start of Dynamo's compile of the frame, which Dynamo announces
+to its compile-start callbacks. Whether a call enters Dynamo at all is measured by
+viz.count_dynamo_entries (notebook 04).
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from minivllm_compile.config import CompilationConfig, CompilationMode
 
 logger = logging.getLogger("minivllm_compile")
 
-torch_compile_start_time: float = 0.0
+# when the compile monitor_torch_compile is timing began (None: none is being timed), and when
+# Dynamo last began compiling a frame (for a compile outside it)
+torch_compile_start_time: float | None = None
+_dynamo_compile_start: float | None = None
 
 
 @contextmanager
@@ -30,19 +36,44 @@ def monitor_torch_compile(compilation_config: CompilationConfig,
     only, as in vLLM). A failed compile logs nothing here: its exception says enough. With
     debug_dump_path set, depyf dumps the compile there, as vLLM's does (depyf_debug)."""
     global torch_compile_start_time
-    torch_compile_start_time = time.perf_counter()
-    with depyf_debug(compilation_config):
-        yield
-    if compilation_config.mode == CompilationMode.VLLM_COMPILE:
-        elapsed = time.perf_counter() - torch_compile_start_time
-        logger.info(message, f"[{tag}] " if tag else "", elapsed)
+    outer, torch_compile_start_time = torch_compile_start_time, time.perf_counter()
+    try:
+        with depyf_debug(compilation_config):
+            yield
+        if compilation_config.mode == CompilationMode.VLLM_COMPILE:
+            elapsed = time.perf_counter() - torch_compile_start_time
+            logger.info(message, f"[{tag}] " if tag else "", elapsed)
+    finally:
+        torch_compile_start_time = outer  # a later compile outside it must not measure from here
 
 
-def dynamo_transform_time() -> float:
-    """Seconds since monitor_torch_compile began; the backend calls it when Dynamo hands over."""
-    elapsed = time.perf_counter() - torch_compile_start_time
+def dynamo_transform_time() -> float | None:
+    """Seconds since monitor_torch_compile began, or, outside it, since Dynamo began compiling the
+    frame; the backend calls it when Dynamo hands over. None where neither is known (this torch
+    has no compile-start callbacks): then nothing is logged."""
+    start = torch_compile_start_time if torch_compile_start_time is not None else _dynamo_compile_start
+    if start is None:
+        return None
+    elapsed = time.perf_counter() - start
     logger.info("Dynamo bytecode transform time: %.2f s", elapsed)
     return elapsed
+
+
+def _note_dynamo_start(*args: object) -> None:
+    global _dynamo_compile_start
+    _dynamo_compile_start = time.perf_counter()
+
+
+def watch_dynamo_compiles() -> None:
+    """Note when Dynamo begins compiling a frame (its compile-start callbacks run at the start of
+    the outermost compile), for dynamo_transform_time outside monitor_torch_compile. Registered
+    again if gone: torch._dynamo.reset() clears the callbacks."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:  # a torch without them: the time stays unknown
+        return
+    if _note_dynamo_start not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_note_dynamo_start)
 
 
 @contextmanager

@@ -209,9 +209,12 @@ def fused_qk_norm_rope(
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         _check(op, w.shape == (head_dim,), lambda: f"`{name}` has shape {tuple(w.shape)}, expected ({head_dim},)")
     _check_rope(op, position_ids, qkv, head_dim, cos_sin_cache)
-    fn = qk_norm_rope.fused_qk_norm_rope_triton if _use_triton(qkv) else qk_norm_rope.fused_qk_norm_rope_ref
-    fn(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
-       cos_sin_cache, is_neox, position_ids)
+    args = (qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
+            cos_sin_cache, is_neox, position_ids)
+    if _use_triton(qkv):  # positions were checked above: no second host sync
+        qk_norm_rope.fused_qk_norm_rope_triton(*args, check_positions_in_range=False)
+    else:
+        qk_norm_rope.fused_qk_norm_rope_ref(*args)
 
 
 # --- activation -----------------------------------------------------------------------------

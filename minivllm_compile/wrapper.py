@@ -4,8 +4,10 @@ hook that calls Dynamo's transformed code directly (vLLM's compilation/wrapper.p
 A decorated model is its own wrapper (support_torch_compile adds this class to its bases), so
 `self` below is the model. Dynamo traces `forward` once; with every guard dropped that one trace
 serves every later shape. With the hook on, the transformed bytecode Dynamo produced for
-`forward` is captured, and later calls swap it into `forward.__code__` and call `forward` like
-any Python function: Dynamo is never entered again.
+`forward` is captured, and later calls run it as a plain Python function: Dynamo is never entered
+again. (vLLM swaps it into the class's shared `forward.__code__` for each call; here each instance
+compiles a copy of forward's code of its own and calls the transformed code as its own function:
+see own_forward.)
 """
 
 from __future__ import annotations
@@ -22,17 +24,22 @@ import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType
+from types import CodeType, FunctionType, MethodType
 from typing import Any, Callable
 
 import torch
 import torch._C._dynamo.guards
 
 from minivllm_compile import envs
-from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
-                                     DynamicShapesType)
+from minivllm_compile.config import (
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    DynamicShapesType,
+)
 from minivllm_compile.counter import compilation_counter
-from minivllm_compile.monitor import dynamo_transform_time
+from minivllm_compile.monitor import dynamo_transform_time, watch_dynamo_compiles
+from minivllm_compile.traced_state import value_record
 
 logger = logging.getLogger("minivllm_compile")
 
@@ -72,14 +79,18 @@ class WholeGraphBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         if self.trace_once and self.graphs:
-            # with the guards dropped, Dynamo traces again only when the cache entry is gone: another
-            # instance of the class with the hook on ran remove_from_cache on the shared forward code
-            # (its first call). This trace is no first call, so nothing marked the dims dynamic: its
-            # graph is static, and nothing stops it serving every size (notebook 04, exercise 04.1)
-            logger.warning("DYNAMO_TRACE_ONCE traced this model again (trace %d): its cache entry was dropped, "
-                           "most likely by an instance of the same class with VLLM_USE_BYTECODE_HOOK=1; this "
-                           "graph has static shapes and will serve every size. Use one VLLM_USE_BYTECODE_HOOK "
-                           "setting per process for a model class, as vLLM does", len(self.graphs) + 1)
+            # with the guards dropped, Dynamo traces again only when the cache entry is gone: someone
+            # ran remove_from_cache on the code object this model compiled. Each instance compiles a
+            # copy of its own (wrapper.own_forward), so that takes a class whose instances share one,
+            # as vLLM's do: another instance's first call with the hook on. This trace is no first
+            # call, so nothing marked the dims dynamic: its graph is static, and nothing stops it
+            # serving every size (notebook 04, exercise 04.1)
+            logger.warning("DYNAMO_TRACE_ONCE traced this model again (trace %d): its cache entry was dropped "
+                           "(remove_from_cache on the forward code it compiled: by an instance sharing that "
+                           "code object, with VLLM_USE_BYTECODE_HOOK=1?); this graph has static shapes and "
+                           "will serve every size. Let each instance compile its own forward code "
+                           "(TorchCompileWithNoGuardsWrapper.own_forward), or use one "
+                           "VLLM_USE_BYTECODE_HOOK setting per process, as vLLM does", len(self.graphs) + 1)
         self.dynamo_time_s = dynamo_transform_time()
         self.graphs.append(gm)
         # vLLM passes the backend's name to torch.compile in these modes: none of its counters
@@ -101,6 +112,7 @@ def compile_model_with_stock_torch(module: torch.nn.Module,
     model.compile(); a decorated model's own __call__ here would step around that), and passes
     the config's Inductor settings and guard filter, which vLLM's leaves out."""
     compilation_counter.stock_torch_compile_count += 1
+    watch_dynamo_compiles()  # no monitor_torch_compile here: time the trace from Dynamo's own start
     cfg, guard_filter = compilation_config.inductor_config_and_guard_filter()
     options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
     backend = WholeGraphBackend(compilation_config.backend, cfg)
@@ -137,7 +149,10 @@ class TorchCompileWithNoGuardsWrapper:
                              "remove_from_cache forces a fresh trace that loses the unbacked symbols")
         self.first_compile = True
         self.guard_table: list[GuardRow] = []
+        # what this instance compiles: forward, with a code object of its own (see own_forward)
+        self._forward_function = self.own_forward()
         self._compiled_bytecode: CodeType | None = None
+        self._compiled_forward: FunctionType | None = None  # the transformed code, as a function
         # seed §4: a guard_filter_fn the user put in inductor_compile_config is overwritten here,
         # but in STOCK_TORCH_COMPILE, which keeps the guards
         inductor_config, user_filter = cc.inductor_config_and_guard_filter()
@@ -145,6 +160,7 @@ class TorchCompileWithNoGuardsWrapper:
             _keep_shape_env_guards if ds.evaluate_guards else torch.compiler.skip_all_guards_unsafe
         if stock:
             self.backend = backend = WholeGraphBackend(cc.backend, inductor_config)  # recompiles
+            watch_dynamo_compiles()  # compiled outside monitor_torch_compile
         elif mode == CompilationMode.VLLM_COMPILE:
             from minivllm_compile.backends import VllmBackend
 
@@ -159,7 +175,8 @@ class TorchCompileWithNoGuardsWrapper:
         options = None if guard_filter is None else \
             {"guard_filter_fn": self._recording(guard_filter)}
         self._compiled_callable = torch.compile(
-            self.forward, fullgraph=True, dynamic=False, backend=backend, options=options)
+            MethodType(self._forward_function, self), fullgraph=True, dynamic=False, backend=backend,
+            options=options)
         if hook:
             # a weak reference, so a registered hook does not keep every model ever built alive
             ref = weakref.ref(self)
@@ -184,6 +201,10 @@ class TorchCompileWithNoGuardsWrapper:
         def filter_and_record(entries):
             keep = guard_filter(entries)
             self.guard_table = [GuardRow(e.name, e.guard_type, k) for e, k in zip(entries, keep)]
+            # what each dropped guard checked, for the AOT artifact's record (traced_state.py): the
+            # values the graph baked in, which a later process must still have to load it
+            names = tuple(self._forward_function.__code__.co_freevars)
+            self.guard_values = [r for e in entries if (r := value_record(e, names)) is not None]
             return keep
 
         return filter_and_record
@@ -209,8 +230,7 @@ class TorchCompileWithNoGuardsWrapper:
                     raise RuntimeError("the bytecode hook did not capture Dynamo's transformed code for "
                                        f"{type(self).__name__}.forward; set VLLM_USE_BYTECODE_HOOK=0")
                 return output
-            with self._dispatch_to_compiled_code():
-                return self.forward(*args, **kwargs)
+            return self._compiled_forward(self, *args, **kwargs)
         # hook off: every call goes through Dynamo's frame evaluation (guards all dropped, or only
         # SHAPE_ENV kept under evaluate_guards, where any recompile after the first is an error)
         evaluate = self.compilation_config.dynamic_shapes_config.evaluate_guards
@@ -220,8 +240,26 @@ class TorchCompileWithNoGuardsWrapper:
         with _compilation_context(), stance:
             return self._compiled_callable(*args, **kwargs)
 
+    def own_forward(self) -> FunctionType:
+        """forward, as a function with a code object of its own (recorded once, at construction).
+
+        vLLM compiles the class's forward, whose code object every instance shares, and Dynamo
+        keeps its cache entries on the code object: the hook's remove_from_cache at one instance's
+        first call drops another instance's entry, whose next call (hook off) traces again, a
+        static graph serving every size (exercise 04.1); and a swap of the shared __code__ for the
+        length of a call lets another thread run this instance's code. A code object per
+        instance keeps both apart."""
+        forward = type(self).forward
+        fn = FunctionType(forward.__code__.replace(), forward.__globals__, forward.__name__,
+                          forward.__defaults__, forward.__closure__)
+        fn.__kwdefaults__, fn.__qualname__ = forward.__kwdefaults__, forward.__qualname__
+        fn.__module__, fn.__doc__ = forward.__module__, forward.__doc__
+        fn.__annotations__ = dict(getattr(forward, "__annotations__", {}))
+        return fn
+
     def original_code_object(self) -> CodeType:
-        return self.__class__.forward.__code__
+        """The code object this instance compiles (its own copy of forward's)."""
+        return self._forward_function.__code__
 
     def bytecode_hook(self, old_code: CodeType, new_code: CodeType) -> None:
         """Called by Dynamo for every frame it transforms: keep the code made for this instance."""
@@ -246,18 +284,13 @@ class TorchCompileWithNoGuardsWrapper:
         if self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE and "update" in new_code.co_names:
             raise RuntimeError(buffer_mutation_message(self, new_code))
         self._compiled_bytecode = new_code
-
-    @contextmanager
-    def _dispatch_to_compiled_code(self):
-        """Swap Dynamo's transformed bytecode into forward and call it as a plain function. This is
-        sound because Dynamo keeps the transformed code's arguments, cells and free variables
-        identical to the original's."""
-        original = self.original_code_object()
-        self.__class__.forward.__code__ = self._compiled_bytecode
-        try:
-            yield
-        finally:
-            self.__class__.forward.__code__ = original
+        # called as a plain function from now on: sound because Dynamo keeps the transformed
+        # code's arguments, cells and free variables identical to the original's. vLLM swaps it
+        # into the shared forward.__code__ for each call instead, which two threads cannot share
+        fn = self._forward_function
+        self._compiled_forward = FunctionType(new_code, fn.__globals__, fn.__name__,
+                                              fn.__defaults__, fn.__closure__)
+        self._compiled_forward.__kwdefaults__ = fn.__kwdefaults__
 
 
 def decompile(code: CodeType) -> str:

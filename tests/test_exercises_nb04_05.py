@@ -54,3 +54,18 @@ def test_the_static_retrace_exercise_04_1_teaches_is_also_warned_about(caplog):
     assert truth["traces"][4] == 1 and truth["static_retrace"]  # call 5: the hook-off model traces again
     warned = [r.getMessage() for r in caplog.records if "traced this model again" in r.getMessage()]
     assert len(warned) == 1 and "static shapes" in warned[0] and "VLLM_USE_BYTECODE_HOOK" in warned[0]
+
+
+def test_instances_of_one_class_with_the_hook_on_and_off_keep_their_own_traces(caplog):
+    """Issue 21 item 12: a hook-on instance's first call ran remove_from_cache on forward's code
+    object, which every instance shared; a hook-off instance then traced again, outside a first
+    call, a static graph that served every size. Each instance compiles its own copy of forward's
+    code now: the six calls of exercise 04.1 on two nb04.Toy trace once per model, and each serves
+    every size from its first, dynamic trace."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="minivllm_compile"):
+        truth = nb04.run_calls(nb04.Toy)
+    assert truth == {"traces": [1, 0, 1, 0, 0, 0], "entered": [True, True, True, False, True, False],
+                     "static_retrace": False}
+    assert "traced this model again" not in caplog.text

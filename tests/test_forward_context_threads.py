@@ -2,13 +2,15 @@
 
 Their layers share names ("model.layers.0.self_attn.attn"), and the splitting ops find a layer's
 KV cache and metadata through the forward context: one process-wide context let one thread's
-attention read the other model's cache. The context is per thread now (forward_context.py), and
-calls to compiled models take turns (models/lm.py), because the bytecode hook swaps the shared
-`forward.__code__` for the length of a call.
+attention read the other model's cache. The context is per thread now (forward_context.py). A
+compiled model calls Dynamo's transformed code as a function of its own (wrapper.py): vLLM swaps it
+into the class's shared `forward.__code__` for the length of each call, which let one thread run
+another model's compiled code.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -115,3 +117,49 @@ def test_one_model_called_from_two_threads_serves_each_call_whole():
         t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "a thread is still running after 300 s"
     assert problems == []
+
+
+def test_two_compiled_decoders_called_straight_from_two_threads_each_get_their_own_output():
+    """lm.model(...) itself, from two threads at once, no LM and no lock in between: a Llama and a
+    hybrid, whose classes share one forward (HybridModel inherits it). With the shared
+    forward.__code__ swapped for each call, one thread ran the other model's compiled code
+    (wrong outputs, or errors from a graph fed another model's layers)."""
+    def cc():
+        return CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager",
+                                 max_num_batched_tokens=64)
+
+    original = LlamaModel.forward.__code__
+    lms = [build_model("llama", num_layers=1, compilation_config=cc()),
+           build_model("hybrid", num_layers=2, compilation_config=cc(), seed=1)]
+    ids, pos = torch.arange(1, 40), torch.arange(39)
+
+    def call(lm):
+        with torch.inference_mode(), set_forward_context(None, lm.model.static_forward_context):
+            return lm.model(ids, pos)
+
+    refs = [call(lm) for lm in lms]  # the first calls compile
+    problems: list[str] = []
+    start = threading.Barrier(2)
+
+    def work(i: int) -> None:
+        try:
+            start.wait(timeout=60)
+            for n in range(CALLS * 2):
+                if not torch.equal(call(lms[i]), refs[i]):
+                    problems.append(f"model {i}, call {n}: another model's output")
+        except Exception as e:  # noqa: BLE001  (reported below, with the thread it came from)
+            problems.append(f"model {i}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(2)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: a race shows within a few calls
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads), "a thread is still running after 300 s"
+    assert problems == []
+    assert LlamaModel.forward.__code__ is original  # never swapped

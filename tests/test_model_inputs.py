@@ -44,6 +44,27 @@ def test_an_out_of_vocabulary_id_raises_in_a_compiled_model_instead_of_aborting(
                 lm(ids, torch.arange(len(ids)))
             except ValueError as e:
                 print("REFUSED:", e)
+        # the compiled decoder called straight, as a notebook may: its own check
+        from minivllm_compile.forward_context import set_forward_context
+        def raw(ids, pos):
+            with torch.inference_mode(), set_forward_context(None, lm.model.static_forward_context):
+                return lm.model(ids, pos)
+        for ids, pos in ((torch.tensor([1, 300, 3]), torch.arange(3)),
+                         (torch.tensor([1, 2]), torch.tensor([0, 10**6]))):
+            try:
+                raw(ids, pos)
+            except ValueError as e:
+                print("MODEL REFUSED:", e)
+        # a weight changed after the compile: another dtype, then a strided copy
+        proj = lm.model.layers[0].self_attn.o_proj
+        weight = proj.weight
+        for changed in (weight.detach().half(), weight.detach().t().contiguous().t()):
+            proj.weight = torch.nn.Parameter(changed, requires_grad=False)
+            try:
+                raw(torch.tensor([1, 2, 3]), torch.arange(3))
+            except RuntimeError as e:
+                print("CHANGED:", " ".join(str(e).splitlines()))
+        proj.weight = weight
         # nothing lost: the model still runs, and gives what it gave before
         print("SAME AFTER:", torch.equal(lm(torch.tensor([1, 2, 3]), torch.arange(3)), good))
     """)
@@ -54,6 +75,16 @@ def test_an_out_of_vocabulary_id_raises_in_a_compiled_model_instead_of_aborting(
     out = proc.stdout
     assert "REFUSED: token id 258 is out of vocabulary" in out and "vocab_size=258" in out, out
     assert "REFUSED: token id -1 is out of vocabulary" in out, out
+    # lm.model(...) straight: LlamaModel.check_input_values, before the compiled code runs
+    assert "MODEL REFUSED: token id 300 is out of vocabulary" in out, out
+    assert "MODEL REFUSED: positions holds 1000000" in out and "max_position_embeddings" in out, out
+    # a parameter changed after the compile is named, with what changed (it failed in Inductor's
+    # stride assertion, or in a matmul's dtype check, blaming neither the model nor the change)
+    changed = [line for line in out.splitlines() if line.startswith("CHANGED:")]
+    assert len(changed) == 2, out
+    for line, what in zip(changed, ("torch.float32, now torch.float16", "strides (96, 1), now (1, 96)")):
+        assert "LlamaModel changed after it was compiled" in line and what in line, line
+        assert "layers.0.self_attn.o_proj.weight" in line, line
     assert "SAME AFTER: True" in out, out
 
 

@@ -133,3 +133,19 @@ def test_the_bare_triton_function_refuses_positions_past_the_cache(positions):
         rotary_embedding_triton(torch.tensor(positions), q, k, 64, compute_cos_sin_cache(64, 64),
                                 True)
     assert torch.equal(q, q0) and torch.equal(k, k0)  # refused before anything was written
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("positions", [[0, 64], [-1, 3], [5, 1000]])
+def test_the_bare_fused_qk_norm_rope_triton_refuses_positions_past_the_cache(positions):
+    # the fused kernel reads row `pos` of the cache unchecked too: called directly, without
+    # ops.fused_qk_norm_rope's checks, it used to read past the cache
+    from minivllm_compile.kernels.qk_norm_rope import fused_qk_norm_rope_triton
+
+    qkv = torch.randn(2, 3 * 64)  # one q, one k and one v head of 64
+    qkv0 = qkv.clone()
+    with pytest.raises(ValueError, match=r"fused_qk_norm_rope_triton: positions span \[.*\] but "
+                                         r"cos_sin_cache has 64 rows \(positions 0..63\)"):
+        fused_qk_norm_rope_triton(qkv, 1, 1, 1, 64, 1e-6, torch.ones(64), torch.ones(64),
+                                  compute_cos_sin_cache(64, 64), True, torch.tensor(positions))
+    assert torch.equal(qkv, qkv0)  # refused before anything was written

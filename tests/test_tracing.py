@@ -494,3 +494,57 @@ def test_the_wrapper_keeps_dynamos_guards_under_stock_torch_compile(hook, monkey
     assert torch.equal(stock_out, torch.tensor([100, 200, 300])) and stock_graphs == 2
     with pytest.raises(RuntimeError, match="NONE compiles nothing"):
         _Wrapped(_ShapeBranch(), CompilationMode.NONE)
+
+
+def test_stock_torch_compile_logs_the_traces_own_time(caplog):
+    """STOCK_TORCH_COMPILE is compiled by its caller, outside monitor_torch_compile: the logged
+    "Dynamo bytecode transform time" used to be measured from 0, i.e. the seconds since the
+    machine booted. It is measured from the start of Dynamo's compile of the frame instead, and a
+    later compile measures from its own start, not from an earlier model's."""
+    import logging
+    import time
+
+    for n in range(2):  # the second one after another model's compile has finished
+        model = Branchy(compilation_config=cfg(CompilationMode.STOCK_TORCH_COMPILE))
+        compiled = compile_model_with_stock_torch(model, model.compilation_config)
+        time.sleep(0.3)  # between compiling and the first call: not part of the trace
+        t0 = time.perf_counter()
+        with caplog.at_level(logging.INFO, logger="minivllm_compile"):
+            compiled(torch.randn(6, 8))
+        wall = time.perf_counter() - t0
+        seconds = compiled.backend.dynamo_time_s
+        assert seconds is not None and 0 < seconds <= wall, (n, seconds, wall)
+        assert f"Dynamo bytecode transform time: {seconds:.2f} s" in caplog.text
+
+
+class NumpyScale(nn.Module):
+    def __init__(self, *, compilation_config=None):
+        super().__init__()
+        import numpy as np
+
+        self.lin = nn.Linear(8, 8)
+        self.scale = np.float32(0.5)  # a numpy scalar, as a config loaded with numpy gives
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * float(self.scale)
+
+
+NumpyScale = support_torch_compile(NumpyScale)
+
+
+def test_a_numpy_scalar_read_as_a_float_is_explained_under_vllm_compile(monkeypatch):
+    """Dynamo reads a numpy scalar attribute as a 0-d tensor input and float() of it as an unbacked
+    float. DYNAMO_TRACE_ONCE compiles the graph whole and runs it; VLLM_COMPILE's pieces failed deep
+    in Inductor with PendingUnbackedSymbolNotFound. Now the error names the line and the fix."""
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    x = torch.randn(4, 8)
+    once = NumpyScale(compilation_config=cfg(backend="inductor"))
+    torch.testing.assert_close(once(x), once.lin(x) * 0.5)
+    model = NumpyScale(compilation_config=cfg(CompilationMode.VLLM_COMPILE, backend="inductor",
+                                              splitting_ops=[]))
+    with pytest.raises(Exception) as info:
+        model(x)
+    message = str(info.value)
+    assert "PendingUnbackedSymbolNotFound" not in message, message
+    assert f"{Path(__file__).name}:" in message and "float(self.scale)" in message, message
+    assert "self.scale is a numpy" in message and "self.scale = float(" in message, message

@@ -314,3 +314,34 @@ def test_reading_triton_code_inductor_really_wrote():
     assert re.search(r"\bs\d+\b", launch) or f"{name}_xnumel = " in src  # sized at run time
     calls = viz.calls_in(src)
     assert calls["fused"] == {name: 1} and not calls["extern"] and not calls["ops"]
+
+
+def test_describe_cache_reports_a_bad_entry_and_goes_on(tmp_path):
+    """A truncated cache_key_factors.json, a dangling symlink and an unreadable folder each get a
+    line saying what is wrong with them; the entries after them are still described."""
+    import os
+
+    from minivllm_compile.viz.cache import describe_cache
+
+    root = tmp_path / "torch_compile_cache"
+    bad = root / "aaa" / "rank_0_0" / "backbone"
+    bad.mkdir(parents=True)
+    (bad / "cache_key_factors.json").write_text('{"config": "abc", "envs"')  # cut mid-write
+    (root / "bbb").mkdir()
+    (root / "bbb" / "gone").symlink_to(tmp_path / "nowhere")
+    good = root / "ccc" / "rank_0_0" / "backbone"
+    good.mkdir(parents=True)
+    (good / "cache_key_factors.json").write_text('{"config": "c0ffee", "traced_files": {"a": 1}}')
+    locked = root / "ddd"
+    locked.mkdir()
+    (locked / "inside").write_text("x")
+    locked.chmod(0)
+    try:
+        text = describe_cache(root)
+    finally:
+        locked.chmod(0o755)
+    assert "cache_key_factors.json" in text and "unreadable" in text, text
+    assert "gone" in text and f"dangling symlink to {tmp_path / 'nowhere'}" in text, text
+    assert "· config: c0ffee" in text and "· traced_files: 1 files" in text, text  # went on
+    if os.geteuid() != 0:  # root reads any folder
+        assert "ddd/" in text and "cannot list" in text, text

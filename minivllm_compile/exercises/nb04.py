@@ -1,9 +1,9 @@
-"""Notebook 04's exercises: the bytecode hook and the `__code__` swap (seed §3, §8).
+"""Notebook 04's exercises: the bytecode hook and Dynamo's transformed code (seed §3, §8).
 
-Both graders compile small decorated modules defined here, each with a `forward` code object of
-its own: Dynamo keeps its cache entries on the code object, and the hook's first call runs
-`remove_from_cache` on it, so a grader compiling the notebook's LlamaModel would wipe the cache
-entries of the notebook's own models."""
+Both graders compile small decorated modules defined here. 04.1 compiles them as vLLM does, every
+instance on the class's one forward code object (SharedCodeToy), to show what that costs: Dynamo
+keeps its cache entries on the code object, and the hook's first call runs `remove_from_cache` on
+it."""
 
 from __future__ import annotations
 
@@ -46,17 +46,26 @@ class Toy(nn.Module):
         return torch.relu(self.proj(x))
 
 
+class SharedCodeToy(Toy):
+    """Toy compiled as vLLM compiles a model: every instance compiles the class's forward, one
+    code object shared by all of them (this package gives each instance a copy of its own)."""
+
+    def own_forward(self):
+        return type(self).forward
+
+
 # (which model, num_tokens): `off` is built with VLLM_USE_BYTECODE_HOOK=0, `on` with 1, both before call 1
 CALLS = (("off", 8), ("off", 3), ("on", 8), ("on", 3), ("off", 5), ("on", 5))
 
 
-def run_calls() -> dict[str, Any]:
-    """Make CALLS on two fresh Toys; per call: new Dynamo traces, and whether Dynamo was entered."""
+def run_calls(cls: type = SharedCodeToy) -> dict[str, Any]:
+    """Make CALLS on two fresh instances of `cls`; per call: new Dynamo traces, and whether Dynamo
+    was entered."""
     _forget(Toy)
     with env(VLLM_USE_BYTECODE_HOOK="0"):
-        off = Toy(compilation_config=_trace_once())
+        off = cls(compilation_config=_trace_once())
     with env(VLLM_USE_BYTECODE_HOOK="1"):
-        on = Toy(compilation_config=_trace_once())
+        on = cls(compilation_config=_trace_once())
     models = {"off": off, "on": on}
     traces, entered = [], []
     try:
@@ -121,10 +130,18 @@ def _grade_calls(answer: Any) -> str:
     static = (" That retrace happened outside a first call, so no dims were marked dynamic: its graph fits "
               "5 tokens only, and with the guards dropped nothing would stop it serving other sizes."
               if truth["static_retrace"] else "")
+    own = _own_code_truth()
     return ("Two instances share one forward code object and so one list of Dynamo cache entries: the "
             "hook-on model's remove_from_cache at its first call made the hook-off model trace again (call 5)."
-            + static + " That is why section 3 builds its hook-off model after the hook-on model's first "
-            "call, and why a process uses one VLLM_USE_BYTECODE_HOOK setting for every model.")
+            + static + " That is why vLLM runs one VLLM_USE_BYTECODE_HOOK setting per process. This "
+            "package's own models do not share it: each instance compiles a copy of forward's code "
+            "(TorchCompileWithNoGuardsWrapper.own_forward), so the same six calls on two nb04.Toy "
+            f"make {own['traces']} traces: nothing drops another instance's entry.")
+
+
+@measured_once
+def _own_code_truth() -> dict[str, Any]:
+    return run_calls(Toy)
 
 
 @exercise("04.1", "two models, one code object", section="notebook 04 §3 (Dynamo entered: every call with the "
@@ -133,8 +150,9 @@ def _grade_calls(answer: Any) -> str:
                "earlier call do to the cache entries of the code object both models share?",
           deeper_hint="Open TorchCompileWithNoGuardsWrapper.__call__ (minivllm_compile/wrapper.py) and read what "
                       "a hook-on model does on its first call, before it compiles: which code object does it "
-                      "touch, and whose cache entries live there? Then replay the six calls in order, keeping a "
-                      "note of which cache entries Toy.forward's code object holds after each one.",
+                      "touch (original_code_object, and what SharedCodeToy.own_forward gives it), and whose "
+                      "cache entries live there? Then replay the six calls in order, keeping a note of which "
+                      "cache entries Toy.forward's code object holds after each one.",
           solution=lambda: {"traces": [1, 0, 1, 0, 1, 0], "entered": [True, True, True, False, True, False]},
           wrong=lambda: {"traces": [1, 0, 1, 0, 0, 0], "entered": [True, True, True, False, True, False]},
           wrong_says="one code object",

@@ -17,6 +17,7 @@ from minivllm_compile.distributed import (
     VocabParallelEmbedding,
 )
 from minivllm_compile.models.config import ModelConfig
+from minivllm_compile.models.inputs import check_ids
 from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding
 from minivllm_compile.nvtx import add_layerwise_hooks
 
@@ -86,6 +87,14 @@ class LlamaModel(nn.Module):
 
     def make_layer(self, cfg: ModelConfig, prefix: str, index: int) -> nn.Module:
         return LlamaDecoderLayer(cfg, prefix, self.static_forward_context)
+
+    def check_input_values(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """Called by the decorator before compiled code runs: compiled, an id past the vocabulary
+        or a position past the rotary cache aborts the process instead of raising."""
+        if input_ids.numel():  # an empty step reads nothing (and aminmax refuses it)
+            check_ids("input_ids", input_ids, self.cfg.vocab_size, "vocab_size")
+            check_ids("positions", positions, self.cfg.max_position_embeddings,
+                      "max_position_embeddings")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(input_ids), None

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from minivllm_compile import envs
 from minivllm_compile.config import CompilationMode, CUDAGraphMode
 from minivllm_compile.cuda_graph import CUDAGraphWrapper, CudagraphDispatcher, min_cudagraph_support
 from minivllm_compile.distributed import LogitsProcessor
@@ -29,13 +30,13 @@ from minivllm_compile.wrapper import compile_model_with_stock_torch
 
 BLOCK_SIZE = 16
 
-# Compiled decoders share one `forward` function (HybridModel inherits LlamaModel's), and the
-# bytecode hook swaps its __code__ for the length of each call (wrapper.py, as vLLM does). vLLM runs
-# one model per process; here two threads calling two compiled models at once would run each
-# other's compiled code and could leave a swapped __code__ behind for good. So calls to compiled
-# models take turns (their CPU kernels use every core anyway); eager models run side by side, their
-# only shared state, the forward context, being per thread.
-_COMPILED_CALLS = threading.RLock()
+# What two LMs in two threads must still do one at a time: a call through Dynamo's frame
+# evaluation (the bytecode hook off, or STOCK_TORCH_COMPILE) patches Dynamo's process-wide config
+# for its length, and CUDA-graph capture turns a process-wide switch on and off. A compiled call
+# with the hook on, or an AOT-loaded one, runs a function of its model's own (wrapper.py) and goes
+# side by side with others; so do eager calls, their only shared state, the forward context,
+# being per thread. (First calls, which compile, take turns in the decorator.)
+_PROCESS_WIDE = threading.RLock()
 
 
 def _one_call_at_a_time(method):
@@ -72,9 +73,17 @@ class LM:
         # CUDA graphs are the model runner's job in vLLM: resolved, dispatched and captured here
         self.cudagraph_dispatcher: CudagraphDispatcher | None = None
         self._cudagraphs_ready = cc is None or cc.cudagraph_mode == CUDAGraphMode.NONE
-        compiled = getattr(model, "do_not_compile", True) is False
-        self._call_lock = _COMPILED_CALLS if compiled else contextlib.nullcontext()
+        self._dynamo_evaluated = cc is not None and cc.mode == CompilationMode.STOCK_TORCH_COMPILE
+        self._compiled = getattr(model, "do_not_compile", True) is False
         self._lock = threading.RLock()
+
+    @property
+    def _call_lock(self) -> contextlib.AbstractContextManager:
+        """The process-wide lock for a call that goes through Dynamo's frame evaluation."""
+        through_dynamo = self._dynamo_evaluated or (
+            self._compiled and getattr(self.model, "aot_compiled_fn", None) is None
+            and not envs.VLLM_USE_BYTECODE_HOOK)
+        return _PROCESS_WIDE if through_dynamo else contextlib.nullcontext()
 
     def _init_cudagraphs(self) -> None:
         """Before the first compile: resolve the mode down to what the splitting ops support (the
@@ -182,7 +191,7 @@ class LM:
         pos = torch.arange(n, device=self.device)
         if not self._cudagraphs_ready:
             self._init_cudagraphs()
-        with self._call_lock, torch.inference_mode(), set_forward_context(
+        with _PROCESS_WIDE, torch.inference_mode(), set_forward_context(
                 None, self.model.static_forward_context):
             self._run_model(ids, pos)
         if not self._cudagraphs_ready:
@@ -193,20 +202,21 @@ class LM:
         """Capture every graph now, after the warm-up compile (vLLM's capture_model): largest size
         first, each after one plain run at its size (vLLM's cudagraph_num_of_warmups=1), with dummy
         inputs and no attention metadata. generate() never captures: the wrappers refuse it."""
-        set_cudagraph_capturing_enabled(True)  # as vLLM's model runner, around its capture only
-        try:
-            with self._call_lock, torch.inference_mode():
-                for mode, descs in self.cudagraph_dispatcher.get_capture_descs():
-                    for desc in descs:
-                        n = desc.num_tokens
-                        ids, pos = self._input_ids[:n], self._positions[:n]
-                        ids.zero_(), pos.zero_()
-                        for m in (CUDAGraphMode.NONE, mode):
-                            ctx = self.model.static_forward_context
-                            with set_forward_context(None, ctx, m, desc):
-                                self._run_model(ids, pos)
-        finally:
-            set_cudagraph_capturing_enabled(False)
+        with _PROCESS_WIDE:  # the capture switch is process-wide: one LM captures at a time
+            set_cudagraph_capturing_enabled(True)  # as vLLM's model runner, around its capture only
+            try:
+                with torch.inference_mode():
+                    for mode, descs in self.cudagraph_dispatcher.get_capture_descs():
+                        for desc in descs:
+                            n = desc.num_tokens
+                            ids, pos = self._input_ids[:n], self._positions[:n]
+                            ids.zero_(), pos.zero_()
+                            for m in (CUDAGraphMode.NONE, mode):
+                                ctx = self.model.static_forward_context
+                                with set_forward_context(None, ctx, m, desc):
+                                    self._run_model(ids, pos)
+            finally:
+                set_cudagraph_capturing_enabled(False)
         self._cudagraphs_ready = True
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

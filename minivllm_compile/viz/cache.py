@@ -1,8 +1,14 @@
-"""The compile cache on disk, as a tree with sizes and each backend entry's key factors (notebook 09)."""
+"""The compile cache on disk, as a tree with sizes and each backend entry's key factors (notebook 09).
+
+A cache is read as it is found: half-written, copied from elsewhere, edited by hand. An entry that
+cannot be read (a truncated cache_key_factors.json, a dangling symlink, a folder this user may not
+list) gets a line saying what is wrong with it, and the tree goes on past it.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from minivllm_compile.cache_files import cache_root
@@ -18,21 +24,62 @@ def describe_cache(root: str | Path | None = None) -> str:
     if not root.exists():
         return f"{root}: empty (nothing compiled with the cache on yet)"
     lines = [f"{root}"]
-    for path in sorted(p for p in root.rglob("*") if not p.name.startswith(".")):
-        rel = path.relative_to(root).parts
-        if any(part in FOREIGN_CACHES for part in rel[:-1]):
-            continue  # inside Inductor's or Triton's own cache: one line for the whole folder
-        depth = len(rel)
-        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
-        size = sum(f.stat().st_size for f in files)
-        note = f"  ({len(files)} files: {FOREIGN_CACHES[path.name]})" if path.name in FOREIGN_CACHES else ""
-        lines.append(f"{'  ' * depth}{path.name}{'/' if path.is_dir() else ''}  {_human(size)}{note}")
-        if path.name == "cache_key_factors.json":
-            factors = json.loads(path.read_text())
-            for k, v in factors.items():
-                shown = f"{len(v)} files" if k == "traced_files" else v
-                lines.append(f"{'  ' * (depth + 1)}· {k}: {shown}")
+    _describe_folder(root, 1, lines)
     return "\n".join(lines)
+
+
+def _describe_folder(folder: Path, depth: int, lines: list[str]) -> None:
+    pad = "  " * depth
+    try:
+        children = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError as e:
+        lines.append(f"{pad}(cannot list {folder.name}/: {_reason(e)})")
+        return
+    for path in children:
+        try:
+            if path.is_symlink() and not path.exists():
+                lines.append(f"{pad}{path.name}  (dangling symlink to {os.readlink(path)})")
+            elif path.is_dir():
+                count, size = _folder_size(path)
+                note = f"  ({count} files: {FOREIGN_CACHES[path.name]})" if path.name in FOREIGN_CACHES else ""
+                lines.append(f"{pad}{path.name}/  {_human(size)}{note}")
+                if path.name not in FOREIGN_CACHES:  # Inductor's or Triton's own: one line
+                    _describe_folder(path, depth + 1, lines)
+            else:
+                lines.append(f"{pad}{path.name}  {_human(path.stat().st_size)}")
+                if path.name == "cache_key_factors.json":
+                    lines += _factor_lines(path, pad + "  ")
+        except OSError as e:
+            lines.append(f"{pad}{path.name}  (unreadable: {_reason(e)})")
+
+
+def _factor_lines(path: Path, pad: str) -> list[str]:
+    try:
+        factors = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        what = "truncated or not JSON" if isinstance(e, ValueError) else _reason(e)
+        return [f"{pad}· unreadable: {what} ({str(e).splitlines()[0][:120]})"]
+    if not isinstance(factors, dict):
+        return [f"{pad}· unreadable: a {type(factors).__name__}, not the factors' dict"]
+    return [f"{pad}· {k}: {f'{len(v)} files' if k == 'traced_files' and hasattr(v, '__len__') else v}"
+            for k, v in factors.items()]
+
+
+def _folder_size(folder: Path) -> tuple[int, int]:
+    """Files below `folder` and their bytes; what cannot be read is left out."""
+    count = size = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(dirpath, name)).st_size
+                count += 1
+            except OSError:
+                pass
+    return count, size
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or type(e).__name__
 
 
 def _human(n: int) -> str:

@@ -164,7 +164,7 @@ def pipeline_facts(model: Any, counters: Any = None) -> list[Stage]:
         stages.append(Stage("post-grad passes", "passes/", "05, 13", "compile", lines))
 
     stages.append(Stage("later calls: __call__", "decorators.py, wrapper.py", "04", "runtime", [
-        "forward.__code__ swapped, no Dynamo" if m._compiled_bytecode is not None else
+        "Dynamo's transformed code run directly, no Dynamo" if m._compiled_bytecode is not None else
         "the AOT function, no Dynamo" if m.aot_compiled_fn is not None else "through Dynamo's frame",
         "inputs checked against the first call"], column=1))
     stages.append(Stage("stitching graph", "backends.py", "06, 08", "runtime", [
