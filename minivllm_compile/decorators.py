@@ -22,6 +22,7 @@ from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 from minivllm_compile import aot, caching
 from minivllm_compile.config import CompilationConfig, CompilationMode, DynamicShapesType
 from minivllm_compile.counter import compilation_counter
+from minivllm_compile.kernel_config import ir_dispatch_scope
 from minivllm_compile.monitor import start_monitoring_torch_compile
 from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, WholeGraphBackend
 
@@ -77,8 +78,13 @@ def stock_torch_compile(module: nn.Module, compilation_config: CompilationConfig
     options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
     backend = WholeGraphBackend(compilation_config.backend, cfg)
     compiled = torch.compile(module.forward, fullgraph=True, backend=backend, options=options)
-    compiled.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
-    return compiled
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with ir_dispatch_scope(compilation_config):  # vLLM IR: this model's priority and wrap
+            return compiled(*args, **kwargs)
+
+    run.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
+    return run
 
 
 @functools.cache
@@ -226,7 +232,13 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # is_compiling(): we are being traced by an outer compile; just be traced (§13)
-        if self.do_not_compile or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            return self.forward(*args, **kwargs)
+        with ir_dispatch_scope(self.compilation_config):  # vLLM IR: this model's priority and wrap
+            return _call(self, *args, **kwargs)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if self.do_not_compile:
             return self.forward(*args, **kwargs)
         if self.aot_compiled_fn is not None:  # loaded or AOT-compiled: no Dynamo, no hook
             check_inputs(self, args, kwargs)
