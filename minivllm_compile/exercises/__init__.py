@@ -29,7 +29,7 @@ from minivllm_compile.envs import override as env  # noqa: F401  (the graders se
 TODO = ...  # what a starter cell leaves in place of an answer
 
 # The notebooks that carry exercises (the workshop's core; notebooks/README.md lists the track).
-NOTEBOOKS = ("02", "03", "04", "05", "06", "07", "09", "13", "14")
+NOTEBOOKS = ("02", "03", "04", "05", "06", "07", "09", "13", "14", "15")
 
 
 class ExerciseFailed(AssertionError):
