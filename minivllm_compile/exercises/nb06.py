@@ -105,8 +105,14 @@ def _split_with(splitting_ops: list[str]):
     from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
     from minivllm_compile.models import build_model
 
+    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+
+    # the norms as notebook 06 traces them: the IR priority vllm_c (the torch wrap is off without
+    # Inductor), so Dynamo records the custom op fused_add_rms_norm, which can split the graph
+    kernels = KernelConfig(IrOpPriorityConfig.with_default(["vllm_c", "native"]))
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager", compile_sizes=[4],
-                           compile_ranges_endpoints=[8], max_num_batched_tokens=32, splitting_ops=splitting_ops)
+                           compile_ranges_endpoints=[8], max_num_batched_tokens=32, splitting_ops=splitting_ops,
+                           kernel_config=kernels)
     with env(VLLM_DISABLE_COMPILE_CACHE="1"):
         lm = build_model("llama", num_layers=L, compilation_config=cc)
         before = compilation_counter.clone()
