@@ -18,6 +18,7 @@ to either changes what the lowering produces.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 from collections.abc import Iterator
@@ -148,12 +149,52 @@ def get_default_ir_op_priority(cc: CompilationConfig) -> IrOpPriorityConfig:
     return IrOpPriorityConfig.with_default(["native"] if using_inductor else ["vllm_c", "native"])
 
 
-@contextlib.contextmanager
-def ir_dispatch_scope(cc: CompilationConfig) -> Iterator[None]:
+class ir_dispatch_scope:  # a context manager, named as the function it was
     """One model call under its config's IR priority and torch wrap. vLLM sets both once per
     worker process (set_default, set_default_torch_wrap); here one process holds models built
-    with different priorities (notebook 15 compares three), so each call of a model scopes them."""
-    from minivllm_compile.ir.op import enable_torch_wrap
+    with different priorities (notebook 15 compares three), so each call of a model scopes them.
+    A plain class, not ExitStack and generators: it runs on every call. The providers each list
+    resolves to are looked up once per config and list, and again if a provider is replaced."""
 
-    with cc.kernel_config.ir_op_priority.set_priority(), enable_torch_wrap(cc.ir_enable_torch_wrap):
-        yield
+    __slots__ = ("cc", "saved", "saved_wrap")
+
+    def __init__(self, cc: CompilationConfig):
+        self.cc = cc
+
+    def __enter__(self) -> None:
+        chosen = _resolved(self.cc.kernel_config.ir_op_priority)
+        self.saved = [(op, op._priority_impls) for op, _ in chosen]
+        for op, impls in chosen:
+            op._priority_impls = impls
+        self.saved_wrap = _op_module()._ENABLE_TORCH_WRAP
+        _op_module()._ENABLE_TORCH_WRAP = self.cc.ir_enable_torch_wrap
+
+    def __exit__(self, *exc: object) -> None:
+        for op, impls in self.saved:
+            op._priority_impls = impls
+        _op_module()._ENABLE_TORCH_WRAP = self.saved_wrap
+
+
+@functools.cache
+def _op_module() -> Any:
+    from minivllm_compile.ir import op as op_module
+
+    return op_module
+
+
+_RESOLVED: dict[tuple, list] = {}  # priority lists -> what they resolve to
+
+
+def _resolved(priority: IrOpPriorityConfig) -> list[tuple[IrOp, list]]:
+    """(op, the providers dispatch tries) per op, for these lists; recomputed when a provider they
+    resolved to has been replaced (or removed) since."""
+    key = tuple((op_name, tuple(p)) for op_name, p in priority.items())
+    chosen = _RESOLVED.get(key)
+    if chosen is None or not all(
+        op.impls.get(i.provider) is i for op, impls in chosen for i in impls
+    ):
+        ops = _ir_ops()
+        chosen = _RESOLVED[key] = [
+            (ops[name], ops[name]._filter_priority_impls(list(p))) for name, p in key
+        ]
+    return chosen
