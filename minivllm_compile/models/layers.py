@@ -42,7 +42,9 @@ class RMSNorm(nn.Module):
         # the residual stream donates x and residual: an in-place provider may write into them
         return ir.ops.fused_add_rms_norm.maybe_inplace(x, residual, self.weight, self.eps, None)
 
-    forward = forward_native
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        # vLLM's CustomOp.forward picks forward_cuda or forward_native; for RMSNorm both are this
+        return self.forward_native(x, residual)
 
 
 class SiluAndMul(nn.Module):
