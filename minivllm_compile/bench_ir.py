@@ -33,6 +33,16 @@ def bench_ir_priority(q: bool, device: str, step_times: Callable, stats: Callabl
     n, rounds, k = (4, 2, 3) if q else (4, 15, 30)  # 4 sequences, one new token each: a decode step
     backend = "eager" if q else "inductor"
     lms, res = {}, {"num_tokens": n, "backend": backend, "priorities": supported_priorities()}
+    # a throwaway compile first: the first model of a process pays for importing and warming up
+    # Inductor, which is no cost of its priority
+    build_model(
+        "llama",
+        num_layers=1,
+        device=device,
+        compilation_config=CompilationConfig(
+            mode=CompilationMode.VLLM_COMPILE, backend=backend, max_num_batched_tokens=16
+        ),
+    ).warmup()
     for priority in res["priorities"]:
         kernels = KernelConfig(
             IrOpPriorityConfig.with_default(
