@@ -465,6 +465,10 @@ class VllmBackend:
 
         self.post_grad_pass_manager = manager = make_pass_manager(self.compilation_config)
         self.inductor_config["post_grad_custom_post_pass"] = manager
+        from minivllm_compile.passes.ir import install_pre_grad_pass
+
+        install_pre_grad_pass(self.inductor_config)  # vLLM IR: maybe_inplace -> functional
+        self.inductor_config.setdefault("enable_auto_functionalized_v2", False)
 
     def _pick_cache_dir(self, example_inputs: list) -> Path | None:
         """<root>/<hash of every factor, traced files included>/rank_0_0/<prefix>, as vLLM lays it;

@@ -275,6 +275,7 @@ def step_times(lms: dict, n: int, rounds: int, k: int) -> dict:
 def bench_fusion(q: bool) -> dict:
     """Each fusion pass on its model, fused vs not: the calls and kernels in the generated code of the
     decode-sized entry, and the step time. --quick: the QK-norm + RoPE fusion on a 1-layer hybrid."""
+    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
     from minivllm_compile.models import build_model, load_model
 
     n, rounds, k = (4, 2, 3) if q else (4, 15, 30)
@@ -290,8 +291,11 @@ def bench_fusion(q: bool) -> dict:
     for name, (make, flags) in cases.items():
         lms, row = {}, {}
         for fused in (True, False):
+            # the norms the fusion leaves lowered to vllm_c: custom-op calls, counted like the
+            # fused op (native ones would become Inductor's kernels, another column)
+            kernels = KernelConfig(IrOpPriorityConfig.with_default(["vllm_c", "native"]))
             cc = CompilationConfig(mode=M.VLLM_COMPILE, compile_sizes=[n], max_num_batched_tokens=64,
-                                   pass_config=PassConfig(**(flags if fused else {})),
+                                   pass_config=PassConfig(**(flags if fused else {})), kernel_config=kernels,
                                    inductor_compile_config={"fx_graph_cache": False})  # a hit would skip the passes
             lm = lms[fused] = make(cc)
             lm.warmup()
@@ -416,6 +420,14 @@ def bench_cuda_graphs(q: bool) -> dict:
     return run(q, DEVICE, sync, stats)
 
 
+# --- 7. vLLM IR priorities (bench_ir.py) --------------------------------------------------------
+
+def bench_ir_priority(q: bool) -> dict:
+    from minivllm_compile.bench_ir import bench_ir_priority as run
+
+    return run(q, DEVICE, step_times, stats)
+
+
 # --- targets and main -----------------------------------------------------------------------------
 
 def targets(r: dict) -> list[dict]:
@@ -455,7 +467,7 @@ def targets(r: dict) -> list[dict]:
 
 BENCHES = {"overhead": bench_overhead, "startup": bench_startup, "fix_functionalization": bench_fix_functionalization,
            "fusion": bench_fusion, "compile_scaling": bench_compile_scaling, "generate": bench_generate,
-           "cuda_graphs": bench_cuda_graphs}
+           "cuda_graphs": bench_cuda_graphs, "ir_priority": bench_ir_priority}
 NAMES = list(BENCHES)
 
 

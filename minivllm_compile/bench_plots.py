@@ -89,4 +89,14 @@ def plot_all(res: dict, out: Path) -> dict[str, str]:
         a2.set_ylabel(next(iter(ran.values()))["launches_per_step"]["what"] if ran else "", fontsize=7)
         a1.set_title(f"CUDA-graph modes on {res['cuda_graphs']['config']['device']}")
         save(fig, "cuda_graphs")
+    if "ratios_vs_native" in res.get("ir_priority", {}):
+        r = res["ir_priority"]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 4))
+        names = r["priorities"]
+        _bars(a1, names, [r[p]["step_us"] for p in names], f"decode step µs ({r['num_tokens']} tokens)")
+        a2.bar(range(len(names)), [r[p]["compile_s"] for p in names], color="tab:orange")
+        a2.set_xticks(range(len(names)), names)
+        a2.set_ylabel("compile s (warm-up)")
+        a1.set_title("vLLM IR priority")
+        save(fig, "ir_priority")
     return written

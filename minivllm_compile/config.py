@@ -221,6 +221,12 @@ class CompilationConfig:
     cudagraph_capture_sizes: list[int] | None = None  # None: vLLM's generated list, capped
     max_cudagraph_capture_size: int | None = None  # None: min(512, max_num_batched_tokens)
     cudagraph_copy_inputs: bool = False  # False: the caller passes the same input buffers each step
+    # vLLM IR (kernel_config.py): which provider implements each IR op, the platform's defaults
+    # appended. vLLM keeps it in VllmConfig.kernel_config; this project's one config is this one.
+    kernel_config: Any = None  # a KernelConfig (or a dict of its fields); None: the defaults
+    # vLLM's: call IR ops through their torch op (one node for the lowering pass to replace). None:
+    # on exactly when VLLM_COMPILE compiles with Inductor, the one path that lowers
+    ir_enable_torch_wrap: bool | None = None
 
     # fields that change what is compiled; the others (paths, what was traced, the CUDA-graph
     # settings, which wrap the compiled pieces without changing them) do not
@@ -323,6 +329,24 @@ class CompilationConfig:
         self.inductor_compile_config.setdefault("enable_auto_functionalized_v2", False)
         self.traced_files = set(self.traced_files)
         self._init_cudagraph()
+        self._init_ir()
+
+    def _init_ir(self) -> None:
+        """vLLM's VllmConfig.__post_init__ for the IR: the torch-wrap default, then the platform's
+        priority defaults behind the user's lists (KernelConfig.set_platform_defaults)."""
+        from minivllm_compile.kernel_config import KernelConfig
+
+        if self.kernel_config is None:
+            self.kernel_config = KernelConfig()
+        elif isinstance(self.kernel_config, dict):
+            self.kernel_config = KernelConfig(**self.kernel_config)
+        elif not isinstance(self.kernel_config, KernelConfig):
+            raise ValueError(f"CompilationConfig.kernel_config must be a KernelConfig (or a dict of its "
+                             f"fields), got {self.kernel_config!r}")
+        if self.ir_enable_torch_wrap is None:
+            self.ir_enable_torch_wrap = self.mode == CompilationMode.VLLM_COMPILE and self.backend == "inductor"
+        _require_bool("CompilationConfig", "ir_enable_torch_wrap", self.ir_enable_torch_wrap)
+        self.kernel_config.set_platform_defaults(self)
 
     def _refuse_freezing(self) -> None:
         """Inductor's freezing (TORCHINDUCTOR_FREEZING=1, torch._inductor.config.freezing, or
@@ -496,6 +520,8 @@ class CompilationConfig:
             value = getattr(self, f.name)
             if f.name in ("dynamic_shapes_config", "pass_config"):
                 value = asdict(value)
+            elif f.name == "kernel_config":  # the priority and the source of each provider it names
+                value = value.compute_hash()
             elif f.name == "inductor_compile_config":
                 # guard_filter_fn changes no compiled code, and a user's post-grad pass is keyed
                 # by its uuid in the cache key's "passes" factor (vLLM hashes that uuid here): a

@@ -25,6 +25,7 @@ from minivllm_compile import aot, cache_keys, caching
 from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
                                      DynamicShapesType)
 from minivllm_compile.counter import compilation_counter
+from minivllm_compile.kernel_config import ir_dispatch_scope
 from minivllm_compile.monitor import monitor_torch_compile
 from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
 
@@ -313,8 +314,14 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # is_compiling(): we are being traced by an outer compile; just be traced (§13)
-        if self.do_not_compile or torch.compiler.is_compiling():
-            if self._call_module_hooks and not torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            return self.forward(*args, **kwargs)
+        with ir_dispatch_scope(self.compilation_config):  # vLLM IR: this model's priority and wrap
+            return _call(self, *args, **kwargs)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if self.do_not_compile:
+            if self._call_module_hooks:
                 return nn.Module.__call__(self, *args, **kwargs)
             return self.forward(*args, **kwargs)
         if self.aot_compiled_fn is not None:  # loaded or AOT-compiled: no Dynamo, no hook
@@ -328,7 +335,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         with _FIRST_CALLS:
             if self.aot_compiled_fn is None and not self.compiled:
                 return first_call(self, args, kwargs)
-        return __call__(self, *args, **kwargs)  # another thread compiled it while this one waited
+        return _call(self, *args, **kwargs)  # another thread compiled it while this one waited
 
     def first_call(self, args: tuple, kwargs: dict) -> Any:
         check_input_values(self, args, kwargs)  # the first call runs compiled code too

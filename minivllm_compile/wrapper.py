@@ -38,6 +38,7 @@ from minivllm_compile.config import (
     DynamicShapesType,
 )
 from minivllm_compile.counter import compilation_counter
+from minivllm_compile.kernel_config import ir_dispatch_scope
 from minivllm_compile.monitor import dynamo_transform_time, watch_dynamo_compiles
 from minivllm_compile.traced_state import value_record
 
@@ -117,8 +118,13 @@ def compile_model_with_stock_torch(module: torch.nn.Module,
     options = {"guard_filter_fn": guard_filter} if guard_filter is not None else None
     backend = WholeGraphBackend(compilation_config.backend, cfg)
     compiled = torch.compile(module.forward, fullgraph=True, backend=backend, options=options)
-    compiled.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
-    return compiled
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with ir_dispatch_scope(compilation_config):  # vLLM IR: this model's priority and wrap
+            return compiled(*args, **kwargs)
+
+    run.backend = backend  # for inspection: backend.graphs holds one graph per (re)compile
+    return run
 
 
 

@@ -219,7 +219,7 @@ fi
 # and compile scaling (minutes of fresh-process compiles) are left to a longer run.
 LEFT=$(( 450 - ($(date +%s) - START) / SCALE ))
 [ $LEFT -lt 60 ] && LEFT=60
-step bench "$LEFT" "$PY" -m minivllm_compile.bench --out "$DEST/bench" --only cuda_graphs overhead generate fix_functionalization
+step bench "$LEFT" "$PY" -m minivllm_compile.bench --out "$DEST/bench" --only cuda_graphs ir_priority overhead generate fix_functionalization
 
 note "done in $(( $(date +%s) - START ))s; failed: ${FAILED[*]:-none}; logs in $DEST"
 [ ${#FAILED[@]} -eq 0 ]

@@ -67,6 +67,17 @@ def test_fix_functionalization_and_generate_structure(quick):
     assert all(set(r) == STATS and r["min"] > 0 for r in g["decode_ratio_per_round"].values())
 
 
+def test_ir_priority_structure(quick):
+    """Each IR priority supported here (triton needs a GPU: under the interpreter it is left out),
+    its compile time and decode step, and the ratios to native from the same run."""
+    r = quick[0]["ir_priority"]
+    assert r["priorities"][:2] == ["native", "vllm_c"] and "triton" not in r["priorities"]
+    for p in r["priorities"]:
+        assert set(r[p]["step_us"]) == STATS and r[p]["compile_s"] > 0
+    assert set(r["ratios_vs_native"]) == set(r["priorities"]) - {"native"}
+    assert all(v["step"] > 0 and v["compile"] > 0 for v in r["ratios_vs_native"].values())
+
+
 def test_targets_printed_and_plots_written(quick):
     res, stdout, out = quick
     assert len(res["targets"]) == 4  # overhead (2) and generate (2); the skipped ones have none
@@ -131,9 +142,11 @@ def test_cuda_graphs_structure(quick):
     if c["config"]["device"] == "cpu":  # the CPU stand-in: no launches to save, every mode as asked
         assert all(row["resolved"] == row["requested"] for row in c["modes"].values())
         assert "a CPU launches nothing" in c["modes"]["piecewise"]["launches_per_step"]["what"]
-        # eager runs the opaque custom ops; the compiled modes run the traced plain-torch layers
+        # eager runs the opaque custom ops, its norms excepted: on a CPU the IR priority is native
+        # (vLLM's CPU default; on CUDA, with nothing compiling, vllm_c, the custom op)
         eager_ops = c["modes"]["eager"]["launches_per_step"]["by_name"]
-        assert "minivllm::rms_norm" in eager_ops and "aten::rsqrt" not in eager_ops
+        assert "minivllm::rotary_embedding" in eager_ops
+        assert "minivllm::rms_norm" not in eager_ops and "aten::rsqrt" in eager_ops
 
 
 def test_the_whole_process_start_up_has_its_own_target():

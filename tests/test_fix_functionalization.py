@@ -5,6 +5,12 @@ every op it knows; ours does too, except where a genuine later reader needs the 
 Under VLLM_COMPILE a piece after the attention op takes the residual as a graph *input* and
 mutates it, so AOTAutograd ends the piece with a write-back `copy_(arg, <new value>)`. That copy
 writes `arg`; it does not read the old value, and must not keep the op functional.
+
+The models here take the seed's path to the in-place norms: the IR priority vllm_c with the torch
+wrap off, so Dynamo traces RMSNorm straight into the custom ops (`torch.ops.minivllm.*`), which
+AOTAutograd wraps in auto_functionalized. (With the wrap on, vLLM 0.33's default, the norms reach
+the post-grad passes as IR ops and the lowering inserts the in-place calls itself:
+tests/test_ir_passes.py.)
 """
 
 from __future__ import annotations
@@ -20,13 +26,16 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from minivllm_compile import CompilationConfig, CompilationMode, support_torch_compile
+from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
 from minivllm_compile.models import build_model
-from minivllm_compile.passes import FixFunctionalizationPass
+from minivllm_compile.passes import FixFunctionalizationPass, make_pass_manager
 
 minivllm = torch.ops.minivllm
 N = 9
 LISTED = {op._opname for op in FixFunctionalizationPass.MUTATED_ARGS}
-FIX = "post_grad.1.FixFunctionalizationPass"
+# its place in the pipeline: last, after the IR lowering and the clean-ups
+_NAMES = [type(p).__name__ for p in make_pass_manager(CompilationConfig(mode=CompilationMode.VLLM_COMPILE)).all_passes()]
+FIX = f"post_grad.{_NAMES.index('FixFunctionalizationPass')}.FixFunctionalizationPass"
 
 
 @pytest.fixture(autouse=True)
@@ -40,9 +49,12 @@ def _quiet_standalone_compile():
 
 
 def _vllm_compile_config() -> CompilationConfig:
-    # no FX graph cache, so the post-grad passes really run on every piece
+    # no FX graph cache, so the post-grad passes really run on every piece; the seed's path to
+    # the norms (the custom ops traced directly, see above)
     return CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16,
-                             inductor_compile_config={"fx_graph_cache": False})
+                             inductor_compile_config={"fx_graph_cache": False},
+                             kernel_config=KernelConfig(IrOpPriorityConfig.with_default(["vllm_c"])),
+                             ir_enable_torch_wrap=False)
 
 
 def _pieces(manager) -> list[dict[str, str]]:

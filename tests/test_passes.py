@@ -6,6 +6,10 @@ Two ways to get the graph the passes see:
 - aot_autograd with a forward compiler that applies passes to the functionalized graph and runs
   it as plain FX: cheap, and it executes the graph *after* the pass, so a pass that breaks the
   graph shows up as wrong numbers.
+
+The model takes the seed's path to the norms: IR priority vllm_c with the torch wrap off, so Dynamo
+traces RMSNorm straight into the in-place custom ops (vLLM 0.33's default path, the IR ops lowered
+after the fusion passes, is tests/test_ir_passes.py's).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto
 from torch._inductor.utils import run_and_get_code
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from minivllm_compile import PassConfig, Range
+from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, Range
 from minivllm_compile.forward_context import set_forward_context
+from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
 from minivllm_compile.models import build_model
 from minivllm_compile.passes import (
     CallableInductorPass,
@@ -45,9 +50,14 @@ OURS = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul")
 EXPECTED_CALLS = {"rms_norm": 1, "fused_add_rms_norm": 2, "rotary_embedding": 1, "silu_and_mul": 1}
 
 
+# the norms as the in-place custom ops, traced directly (see above)
+SEED_PATH = CompilationConfig(mode=CompilationMode.NONE, ir_enable_torch_wrap=False,
+                              kernel_config=KernelConfig(IrOpPriorityConfig.with_default(["vllm_c"])))
+
+
 @pytest.fixture(scope="module")
 def lm():
-    return build_model("llama", num_layers=1)
+    return build_model("llama", num_layers=1, compilation_config=SEED_PATH)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +73,10 @@ def eager_out(lm, inputs):
 
 def _run(lm, fn, ids, pos):
     md = lm.metadata([N], [N], [0], lm.allocate_caches([N]))
-    with torch.inference_mode(), set_forward_context(md, lm.model.static_forward_context):
+    # the model's IR priority and torch wrap, for the torch.compile of lm.model below too (the
+    # decorated model enters them itself, but not while an outer compile traces it)
+    with torch.inference_mode(), set_forward_context(md, lm.model.static_forward_context), \
+            ir_dispatch_scope(lm.model.compilation_config):
         return fn(ids, pos)
 
 
@@ -162,13 +175,17 @@ def test_every_pass_records_the_graph_before_and_after_itself(inductor_runs):
     _, _, mgr = inductor_runs[True]
     assert [name for name, _ in mgr.records] == [
         "post_grad.0.NoOpEliminationPass.before", "post_grad.0.NoOpEliminationPass.after",
-        "post_grad.1.FixFunctionalizationPass.before",
-        "post_grad.1.FixFunctionalizationPass.before_cleanup",
-        "post_grad.1.FixFunctionalizationPass.after",
+        "post_grad.1.PostCleanupPass.before", "post_grad.1.PostCleanupPass.after",
+        "post_grad.2.VllmIRLoweringPass.before", "post_grad.2.VllmIRLoweringPass.after",
+        "post_grad.3.UnsafeCloneEliminationPass.before", "post_grad.3.UnsafeCloneEliminationPass.after",
+        "post_grad.4.PostCleanupPass.before", "post_grad.4.PostCleanupPass.after",
+        "post_grad.5.FixFunctionalizationPass.before",
+        "post_grad.5.FixFunctionalizationPass.before_cleanup",
+        "post_grad.5.FixFunctionalizationPass.after",
     ]
     assert all(text.lstrip().startswith("def forward(self") for _, text in mgr.records)
     _, _, mgr_off = inductor_runs[False]
-    assert [name for name, _ in mgr_off.records][-1] == "post_grad.0.NoOpEliminationPass.after"
+    assert [name for name, _ in mgr_off.records][-1] == "post_grad.4.PostCleanupPass.after"
 
 
 # --- aot_autograd: run the graph after the pass ------------------------------------------------
@@ -185,7 +202,7 @@ def test_defunctionalized_graph_runs_and_matches_eager(lm, inputs, eager_out):
 def test_hybrid_model_q_k_norms_and_rope_too_and_the_conv_op_is_left_alone():
     """The hybrid's attention norms q and k per head (two rms_norm) before RoPE, unfused as vLLM
     writes it (QKNormRoPEFusionPass, tests/test_qk_norm_rope_fusion.py, fuses them under Inductor)."""
-    hybrid = build_model("hybrid", num_layers=2)  # a conv layer, then an attention layer
+    hybrid = build_model("hybrid", num_layers=2, compilation_config=SEED_PATH)  # conv, then attention
     inputs = (torch.randint(0, hybrid.config.vocab_size, (N,)), torch.arange(N))
     fix = FixFunctionalizationPass()
     out, graph = _compile_aot(hybrid, inputs, [fix])
@@ -318,6 +335,7 @@ def test_manager_order_records_and_range_filter():
     mgr.add(_SingleSizeOnly())
     assert [type(p).__name__ for p in mgr.all_passes()] == [
         "NoOpEliminationPass", "_CountNodes", "CallableInductorPass", "_SingleSizeOnly",
+        "PostCleanupPass", "VllmIRLoweringPass", "UnsafeCloneEliminationPass", "PostCleanupPass",
         "FixFunctionalizationPass"]
     gm = _tiny_gm()
     with pass_context(Range(1, 8)):  # as CompilerManager.compile_context sets it around a compile
@@ -333,8 +351,10 @@ def test_manager_order_records_and_range_filter():
     assert gm.ran
     with pytest.raises(TypeError, match="takes an InductorPass.*give an InductorPass"):
         mgr.add(42)
+    # the IR lowering and its clean-ups always run (vLLM 0.33 has no switch for them)
     assert [type(p).__name__ for p in _manager(eliminate_noops=False, enable_fix_functionalization=False)
-            .all_passes()] == []
+            .all_passes()] == ["PostCleanupPass", "VllmIRLoweringPass", "UnsafeCloneEliminationPass",
+                               "PostCleanupPass"]
 
 
 def test_manager_uuid_depends_on_pass_config_compile_range_and_passes():

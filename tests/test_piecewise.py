@@ -288,7 +288,12 @@ def test_triton_source_is_written_on_cpu_without_a_gpu():
     element count is a constant), symbolic for a range (it is computed from num_tokens)."""
     from minivllm_compile.viz.kernels import triton_source_codegen_only
 
-    lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager"))
+    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+
+    # the norms as the vllm_c custom op: an extern call, so the piece's one Triton kernel is the
+    # embedding lookup (with native norms Inductor fuses the lookup into the first norm's reduction)
+    vllm_c = KernelConfig(IrOpPriorityConfig.with_default(["vllm_c"]))
+    lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager", kernel_config=vllm_c))
     lm(torch.arange(6), torch.arange(6))
     piece = lm.model.backend.piecewise_backends[0].graph  # holds the embedding lookup
     static = triton_source_codegen_only(piece, create_concrete_args(piece, 8))

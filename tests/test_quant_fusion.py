@@ -1,6 +1,8 @@
 """RMSNormQuantFusionPass and ActivationQuantFusionPass (vLLM's passes/fusion/rms_quant_fusion.py
 and act_quant_fusion.py) on tiny-llama-fp8 under VLLM_COMPILE with Inductor, given as the user's
-post-grad pass, with the custom ops ("all") and with their plain-torch forms ("none").
+post-grad pass, with the custom ops ("all", and the IR norms lowered to vllm_c, the custom ops
+too) and with their plain-torch forms ("none", the norms lowered to native). The fusion matches the
+norm as its vLLM IR op either way, before the lowering.
 
 What a decoder layer of tiny-llama-fp8 quantizes (models/quant.py): qkv_proj's input (the
 input_layernorm's output), gate_up_proj's (post_attention_layernorm's), down_proj's (silu_and_mul's)
@@ -19,6 +21,7 @@ from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, cache_keys
+from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE
 from minivllm_compile.models import load_model
 from minivllm_compile.models.quant import Fp8Linear
@@ -71,8 +74,9 @@ def _quant_inputs(graph: fx.Graph) -> list[fx.Node]:
     return found
 
 
-FEEDERS = {minivllm.rms_norm.default: "norm", minivllm.fused_add_rms_norm.default: "norm",
-           minivllm.silu_and_mul.default: "act"}
+FEEDERS = {minivllm.silu_and_mul.default: "act"}
+# the norms, as the vLLM IR ops they are until the lowering (after the fusion passes)
+IR_NORMS = (torch.ops.minivllm_ir.rms_norm.default, torch.ops.minivllm_ir.fused_add_rms_norm.default)
 # where the plain-torch forms show themselves: the norm's rsqrt, silu's exp (Inductor decomposes
 # silu to x / (1 + exp(-x)))
 MARKERS = {aten.rsqrt.default: "norm", aten.silu.default: "act", aten.sigmoid.default: "act", aten.exp.default: "act"}
@@ -90,6 +94,8 @@ def _feeder(x: fx.Node) -> str:
         seen.add(n)
         if n.op == "placeholder":
             kinds.add("input")
+        elif n.target in IR_NORMS or (n.target is operator.getitem and n.args[0].target in IR_NORMS):
+            kinds.add("norm")
         elif n.target is operator.getitem and n.args[0].target is auto_functionalized:
             kinds.add(FEEDERS.get(n.args[0].args[0], "other"))
         elif n.target in MARKERS:
@@ -132,12 +138,19 @@ class QuantFusions(VllmInductorPass):
         return InductorPass.hash_source(*(p.uuid() for p, _ in self.inner))
 
 
+def _kernels(custom_ops: str, norms: str | None = None) -> KernelConfig:
+    """"all": the norms lowered to vllm_c, the custom ops, like every other op; "none": native."""
+    norms = norms or ("vllm_c" if custom_ops == "all" else "native")
+    return KernelConfig(IrOpPriorityConfig.with_default([norms]))
+
+
 def _cc(custom_ops: str, user_pass=None, sizes=SIZES) -> CompilationConfig:
     inductor = {"fx_graph_cache": False}  # else a second compile hits the cache and skips the passes
     if user_pass is not None:
         inductor["post_grad_custom_post_pass"] = user_pass
     return CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=sizes, max_num_batched_tokens=MAX,
-                             custom_ops=[custom_ops], inductor_compile_config=inductor)
+                             custom_ops=[custom_ops], inductor_compile_config=inductor,
+                             kernel_config=_kernels(custom_ops))
 
 
 def expected_per_forward(lm) -> Counter[str]:
@@ -169,8 +182,9 @@ def fused_in_code(lm) -> dict:
     return per_range
 
 
-def _eager(name: str, custom_ops: str, **kw):
-    return load_model(name, compilation_config=CompilationConfig(mode=CompilationMode.NONE, custom_ops=[custom_ops]), **kw)
+def _eager(name: str, custom_ops: str, norms: str | None = None, **kw):
+    cc = CompilationConfig(mode=CompilationMode.NONE, custom_ops=[custom_ops], kernel_config=_kernels(custom_ops, norms))
+    return load_model(name, compilation_config=cc, **kw)
 
 
 def _ids(n: int) -> torch.Tensor:
@@ -272,7 +286,11 @@ def test_bf16_model_fuses_too(custom_ops):
     rms = passes.inner[0][0]
     assert rms.registered == {(1e-5, torch.float32), (1e-5, torch.bfloat16)}  # fp32: the scales
     unfused = load_model("tiny-llama-fp8", compilation_config=_cc(custom_ops), dtype=torch.bfloat16)
-    eager = _eager("tiny-llama-fp8", custom_ops, dtype=torch.bfloat16)
+    # The fused ops round as the vllm_c kernels do: the residual sum is rounded to bf16 before it
+    # is normalised. vLLM 0.33's native norm normalises the fp32 sum, which in bf16 moves fp8
+    # codes (up to 0.75 in a logit); so eager runs the vllm_c norms here, the same arithmetic
+    # unfused, and the native forms are compared below with emulate_precision_casts.
+    eager = _eager("tiny-llama-fp8", custom_ops, norms="vllm_c", dtype=torch.bfloat16)
     _compare(lm, {"eager": eager}, torch.bfloat16, f"bf16 custom_ops={custom_ops}")
     for n in TOKENS:
         got, ref, plain = (m(_ids(n), torch.arange(n)) for m in (lm, eager, unfused))
@@ -286,8 +304,13 @@ def test_bf16_model_fuses_too(custom_ops):
         cc = _cc(custom_ops, sizes=[])
         cc.inductor_compile_config["emulate_precision_casts"] = True
         emulated = load_model("tiny-llama-fp8", compilation_config=cc, dtype=torch.bfloat16)
+        eager_native = _eager("tiny-llama-fp8", custom_ops, dtype=torch.bfloat16)
+        # equal up to the order of an fp32 sum: measured, 0 logits differ at 32, 1 and 4 tokens
+        # and 5 of 1806 by one bf16 step (1/128, at |logit| < 2) at 7, where the unfused compiled
+        # model above is up to 0.6 away
         for n in TOKENS:
-            assert torch.equal(emulated(_ids(n), torch.arange(n)), eager(_ids(n), torch.arange(n)))
+            got, want = emulated(_ids(n), torch.arange(n)), eager_native(_ids(n), torch.arange(n))
+            assert _max_diff(got, want) <= 1 / 64 and (got != want).float().mean() < 0.005, n
 
 
 # --- eps -------------------------------------------------------------------------------------------
@@ -410,6 +433,7 @@ def test_the_pass_config_flags_run_both_passes_in_vllms_order():
                                                   enable_qk_norm_rope_fusion=True))
     assert [type(p).__name__ for p in make_pass_manager(cc).all_passes()] == [
         "NoOpEliminationPass", "RMSNormQuantFusionPass", "ActivationQuantFusionPass", "QKNormRoPEFusionPass",
+        "PostCleanupPass", "VllmIRLoweringPass", "UnsafeCloneEliminationPass", "PostCleanupPass",
         "FixFunctionalizationPass"]
     assert not PassConfig().fuse_norm_quant and not PassConfig().fuse_act_quant
     lm = load_model("tiny-llama-fp8", compilation_config=cc)
@@ -430,7 +454,9 @@ def test_off_by_default_no_fused_op_is_called():
     lm = load_model("tiny-llama-fp8", compilation_config=_cc("all", sizes=[]))
     lm.warmup()
     manager = lm.model.backend.post_grad_pass_manager
-    assert [type(p).__name__ for p in manager.all_passes()] == ["NoOpEliminationPass", "FixFunctionalizationPass"]
+    assert [type(p).__name__ for p in manager.all_passes()] == [
+        "NoOpEliminationPass", "PostCleanupPass", "VllmIRLoweringPass", "UnsafeCloneEliminationPass",
+        "PostCleanupPass", "FixFunctionalizationPass"]
     assert manager.records and not any(re.search(FUSED_OPS, src) for _, src in manager.records)
     L = lm.config.num_hidden_layers
     for r, found in fused_in_code(lm).items():

@@ -43,12 +43,20 @@ NUM_LAYERS, NUM_TOKENS = 2, 6
 @measured_once
 def llama_counts() -> dict[str, Any]:
     """The pass on the whole NUM_LAYERS-layer Llama decoder: what it rewrote, what it left wrapped."""
-    lm = build_model("llama", num_layers=NUM_LAYERS)  # eager (mode NONE): the reference
+    from minivllm_compile import CompilationConfig, CompilationMode
+    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
+
+    # notebook 05's path to the norms, the seed's: the custom ops (IR priority vllm_c), traced
+    # directly (the torch wrap off), entered around the outer compile as the model itself would
+    seed = CompilationConfig(mode=CompilationMode.NONE, ir_enable_torch_wrap=False,
+                             kernel_config=KernelConfig(IrOpPriorityConfig.with_default(["vllm_c", "native"])))
+    lm = build_model("llama", num_layers=NUM_LAYERS, compilation_config=seed)  # eager: the reference
     ids, pos = torch.arange(NUM_TOKENS) % 200 + 1, torch.arange(NUM_TOKENS)
 
     def run(fn: Callable) -> torch.Tensor:
         md = lm.metadata([NUM_TOKENS], [NUM_TOKENS], [0], lm.allocate_caches([NUM_TOKENS]))
-        with torch.inference_mode(), set_forward_context(md, lm.model.static_forward_context):
+        with torch.inference_mode(), set_forward_context(md, lm.model.static_forward_context), \
+                ir_dispatch_scope(seed):
             return fn(ids, pos)
 
     fix = FixFunctionalizationPass()

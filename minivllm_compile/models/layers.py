@@ -1,7 +1,8 @@
-"""The building blocks of both models, each a thin module over one custom op (vLLM's layers/).
+"""The building blocks of both models, each a thin module over one op (vLLM's layers/).
 
-Every block allocates its output and calls an in-place op, exactly as vLLM's CUDA paths do, so the
-graph Dynamo captures holds the same `auto_functionalized` nodes vLLM's does.
+Most blocks allocate their output and call an in-place custom op, exactly as vLLM's CUDA paths do,
+so the graph Dynamo captures holds the same `auto_functionalized` nodes vLLM's does. RMSNorm calls
+vLLM IR ops instead, as vLLM 0.33's does (minivllm_compile/ir/).
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import minivllm_compile.ir.kernels  # noqa: F401  (registers the IR ops' providers)
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
+from minivllm_compile import ir
 from minivllm_compile.config import AttentionCGSupport, get_current_compilation_config
 from minivllm_compile.distributed import (
     MergedColumnParallelLinear,
@@ -28,30 +31,28 @@ def use_custom_op(name: str) -> bool:
 
 
 class RMSNorm(nn.Module):
+    """vLLM 0.33's RMSNorm (model_executor/layers/layernorm.py): both forms call the vLLM IR ops,
+    and the IR op priority (CompilationConfig.kernel_config.ir_op_priority) picks the kernel: in
+    eager mode when called, in a compiled graph when VllmIRLoweringPass lowers the op's node.
+    `custom_ops` no longer chooses it: vLLM's forward_cuda calls forward_native too, except for
+    its batch-invariant mode, which this project does not have."""
+
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        # vLLM's CustomOp.enabled(), kept for what it still records: both branches are the same
         self.use_custom_op = use_custom_op("rms_norm")
 
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Plain torch, out of place (same rounding as the kernels: fp32 math, one cast)."""
-        if residual is not None:
-            x = residual = (x.float() + residual.float()).to(x.dtype)
-        xf = x.float()
-        out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-        return out if residual is None else (out, residual)
+        if residual is None:
+            return ir.ops.rms_norm(x, self.weight, self.eps, None)
+        # the residual stream donates x and residual: an in-place provider may write into them
+        return ir.ops.fused_add_rms_norm.maybe_inplace(x, residual, self.weight, self.eps, None)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if not self.use_custom_op:
-            return self.forward_native(x, residual)
-        if residual is None:
-            out = torch.empty_like(x)
-            torch.ops.minivllm.rms_norm(out, x, self.weight, self.eps)
-            return out
-        # residual <- x + residual; x <- norm(residual): both updated in place
-        torch.ops.minivllm.fused_add_rms_norm(x, residual, self.weight, self.eps)
-        return x, residual
+        # vLLM's CustomOp.forward picks forward_cuda or forward_native; for RMSNorm both are this
+        return self.forward_native(x, residual)
 
 
 class SiluAndMul(nn.Module):

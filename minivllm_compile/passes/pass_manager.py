@@ -12,9 +12,12 @@ backend sets around each piece's compile (`CompilerManager.compile_context`), as
 compiled outside the backend (the manager installed by hand, outside any `pass_context`) runs
 every pass: vLLM asserts a context there.
 
-Order: NoOpElimination -> RMSNormQuantFusion, ActivationQuantFusion, QKNormRoPEFusion (each when
-enabled) -> user passes (`add`) ->
-FixFunctionalization, always last, so every other pass sees a functional graph.
+Order (vLLM 0.33's): NoOpElimination -> RMSNormQuantFusion, ActivationQuantFusion, QKNormRoPEFusion
+(each when enabled) -> user passes (`add`) -> PostCleanup -> VllmIRLowering -> UnsafeCloneElimination
+-> PostCleanup -> FixFunctionalization, always last, so every other pass sees a functional graph.
+The fusion passes match the vLLM IR ops, which the lowering then replaces with the provider the
+priority picks. (VllmIRInplaceFunctionalizationPass runs before all of these, before AOTAutograd:
+the backend installs it as Inductor's pre_grad_custom_pass.)
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ from minivllm_compile.config import CompilationConfig, PassConfig, Range
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
 from minivllm_compile.passes.inductor_pass import (CallableInductorPass, InductorPass,
                                                    get_pass_context, graph_text, in_pass_context)
+from minivllm_compile.passes.ir.clone_elimination import UnsafeCloneEliminationPass
+from minivllm_compile.passes.ir.lowering_pass import VllmIRLoweringPass
+from minivllm_compile.passes.ir.utils import set_donated_input_ids
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
+from minivllm_compile.passes.post_cleanup import PostCleanupPass
 from minivllm_compile.passes.vllm_inductor_pass import Records, VllmInductorPass
 
 logger = logging.getLogger(__name__)
@@ -41,11 +48,16 @@ class PostGradPassManager(CustomGraphPass):
     def __init__(self) -> None:
         self.passes: list[CustomGraphPass] = []
         self.fix_functionalization: FixFunctionalizationPass | None = None
+        self.post_cleanup = PostCleanupPass()
+        self.ir_lowering = VllmIRLoweringPass()
+        self.clone_elimination = UnsafeCloneEliminationPass()
         self.pass_config = PassConfig()
         # (stage, graph source) for every pass run, across every graph this manager has seen
         self.records: Records = []
 
-    def configure(self, pass_config: PassConfig) -> None:
+    def configure(self, pass_config: PassConfig, ir_op_priority=None) -> None:
+        """`ir_op_priority` (the config's IrOpPriorityConfig) is what the lowering uses; None: each
+        op's priority at the time it runs (vLLM's, which its worker sets for the process)."""
         self.pass_config = pass_config
         self.passes = [NoOpEliminationPass(pass_config)] if pass_config.eliminate_noops else []
         # the fusion passes import Inductor's pattern matcher (and with it all of Inductor's
@@ -63,6 +75,9 @@ class PostGradPassManager(CustomGraphPass):
             from minivllm_compile.passes.qk_norm_rope_fusion import QKNormRoPEFusionPass
 
             self.passes.append(QKNormRoPEFusionPass(pass_config))
+        self.post_cleanup = PostCleanupPass(pass_config)
+        self.ir_lowering = VllmIRLoweringPass(pass_config, ir_op_priority=ir_op_priority)
+        self.clone_elimination = UnsafeCloneEliminationPass(pass_config)
         self.fix_functionalization = None
         if pass_config.enable_fix_functionalization:
             self.fix_functionalization = FixFunctionalizationPass(pass_config)
@@ -83,9 +98,17 @@ class PostGradPassManager(CustomGraphPass):
         return get_pass_context().compile_range if in_pass_context() else None
 
     def all_passes(self) -> list[CustomGraphPass]:
-        return self.passes + ([self.fix_functionalization] if self.fix_functionalization else [])
+        """Every pass in the order it runs (the clean-up twice: before and after the lowering)."""
+        tail = [self.post_cleanup, self.ir_lowering, self.clone_elimination, self.post_cleanup]
+        return self.passes + tail + ([self.fix_functionalization] if self.fix_functionalization else [])
 
     def __call__(self, graph: fx.Graph) -> None:
+        try:
+            self._run(graph)
+        finally:
+            set_donated_input_ids(set())  # the pre-grad pass's record serves this one compile
+
+    def _run(self, graph: fx.Graph) -> None:
         compile_range = self.compile_range()
         for i, pass_ in enumerate(self.all_passes()):
             applicable = getattr(pass_, "is_applicable_for_range", lambda _: True)
@@ -120,7 +143,7 @@ def make_pass_manager(cc: CompilationConfig) -> PostGradPassManager:
     VllmBackend.configure_post_pass merges it). The backend installs this manager; the cache key
     hashes its uuid, so both see the same passes."""
     manager = PostGradPassManager()
-    manager.configure(cc.pass_config)
+    manager.configure(cc.pass_config, cc.kernel_config.ir_op_priority)
     user_pass = cc.inductor_compile_config.get("post_grad_custom_post_pass")
     if isinstance(user_pass, PostGradPassManager):
         raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is a PostGradPassManager: "

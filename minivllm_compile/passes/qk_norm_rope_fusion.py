@@ -12,14 +12,15 @@ place on qkv in one pass over it. The replacement is written functionally,
 `auto_functionalized(fused_qk_norm_rope, qkv=qkv, ...)`, and split again; FixFunctionalization
 (last in the pipeline) then makes it a direct in-place call.
 
-Each op comes in two forms: the custom op (`custom_ops` "all", an `auto_functionalized` node
-writing into a fresh `empty`) and its plain-torch form (`custom_ops` "none", what
-RMSNorm.forward_native and RotaryEmbedding's native path trace to). All four combinations are
-registered, so one pass serves any `custom_ops` ("none" plus "+rms_norm" fuses as well). vLLM
-registers the one form its config selects (matcher_utils' MatcherCustomOp traces forward_custom
-when the op is enabled, forward_native otherwise), and since it cannot match RoPE's native form
-yet, turning this fusion on adds "+rotary_embedding" to custom_ops (in CompilationConfig's
-__post_init__, config/compilation.py).
+The norms are matched as vLLM 0.33 matches them: the vLLM IR op `torch.ops.minivllm_ir.rms_norm`,
+one node whatever provider the priority will lower it to (this pass runs before
+VllmIRLoweringPass). RoPE comes in two forms: the custom op (`custom_ops` "all", an
+`auto_functionalized` node) and its plain-torch form (`custom_ops` "none", RotaryEmbedding's
+native path). Both are registered, so one pass serves any `custom_ops`. vLLM registers the one
+form its config selects (matcher_utils' MatcherCustomOp traces forward_custom when the op is
+enabled, forward_native otherwise), and since it cannot match RoPE's native form yet, turning this
+fusion on adds "+rotary_embedding" to custom_ops (in CompilationConfig's __post_init__,
+config/compilation.py).
 
 The geometry (heads, kv heads, head_dim, eps, dtype) is burned into a pattern: the split sizes,
 the per-head view, the eps constant, the casts. vLLM reads it from the model's Attention layers
@@ -46,9 +47,13 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized
 from torch._inductor.pattern_matcher import PatternMatcherPass
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+import minivllm_compile.ir.kernels  # noqa: F401  (the IR ops and their providers)
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
+from minivllm_compile import ir
+from minivllm_compile.ir.op import enable_torch_wrap
 from minivllm_compile.config import Range
 from minivllm_compile.passes.inductor_pass import is_func
+from minivllm_compile.passes.ir.utils import get_ir_op
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
 from minivllm_compile.passes.vllm_inductor_pass import VllmInductorPass, VllmPatternMatcherPass
 
@@ -71,14 +76,16 @@ class QkNormRopeGeometry:
         return [self.num_heads * self.head_dim, kv, kv]
 
 
-# --- the plain-torch forms, as the model's layers trace with custom_ops "none" -----------------
-# The core may not import models/, so these restate RMSNorm.forward_native and the native path of
-# RotaryEmbedding (kernels/rotary_embedding.py's rotary_embedding_ref on copies) functionally.
-# They must trace to the ops those do: tests/test_qk_norm_rope_fusion.py fails if they drift.
+# --- the norm, as the model's layers call it: the vLLM IR op ------------------------------------
 
-def rms_norm_native(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+def rms_norm_ir(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return ir.ops.rms_norm(x, weight, eps)
+
+
+# --- RoPE's plain-torch form, as RotaryEmbedding traces with custom_ops "none" -------------------
+# The core may not import models/, so this restates the native path of RotaryEmbedding
+# (kernels/rotary_embedding.py's rotary_embedding_ref on copies) functionally. It must trace to
+# the ops that does: tests/test_qk_norm_rope_fusion.py fails if they drift.
 
 
 def rotary_embedding_native(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
@@ -102,13 +109,7 @@ def rotary_embedding_native(positions: torch.Tensor, query: torch.Tensor, key: t
     return rotate(query), rotate(key)
 
 
-# --- the custom-op forms, as functionalization leaves them -------------------------------------
-
-def rms_norm_custom(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    res = auto_functionalized(minivllm.rms_norm.default, out=torch.empty_like(x), input=x,
-                              weight=weight, eps=eps)
-    return res[1]
-
+# --- RoPE's custom-op form, as functionalization leaves it ---------------------------------------
 
 def rotary_embedding_custom(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                             head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool):
@@ -136,13 +137,12 @@ def trace_fn(*args, **kwargs) -> fx.GraphModule:
 
 
 class QkNormRopePattern:
-    """One geometry, one is_neox, one form of each op: the unfused sequence and its fused
+    """One geometry, one is_neox, one form of RoPE: the unfused sequence and its fused
     replacement, registered into a PatternMatcherPass."""
 
-    def __init__(self, geometry: QkNormRopeGeometry, is_neox: bool, custom_rms_norm: bool,
-                 custom_rope: bool):
+    def __init__(self, geometry: QkNormRopeGeometry, is_neox: bool, custom_rope: bool):
         self.g, self.is_neox = geometry, is_neox
-        self.rms_norm = rms_norm_custom if custom_rms_norm else rms_norm_native
+        self.rms_norm = rms_norm_ir
         self.rope = rotary_embedding_custom if custom_rope else rotary_embedding_native
 
     def get_inputs(self) -> list[torch.Tensor]:
@@ -187,13 +187,14 @@ class QkNormRopePattern:
 
 
 def find_rms_norm_eps(graph: fx.Graph) -> set[float]:
-    """The eps of every RMSNorm in the graph, either form: the custom op's argument, or the
-    constant in `mean(x**2) + eps`."""
-    found = {n.kwargs["eps"] for n in graph.find_nodes(op="call_function", target=auto_functionalized)
-             if n.args[0] in (minivllm.rms_norm.default, minivllm.fused_add_rms_norm.default)}
-    for n in graph.find_nodes(op="call_function", target=aten.add.Tensor):
-        if isinstance(n.args[0], fx.Node) and is_func(n.args[0], aten.mean.dim) and isinstance(n.args[1], float):
-            found.add(n.args[1])
+    """The eps of every RMSNorm in the graph: each IR norm node's `epsilon` argument."""
+    found = set()
+    for node in graph.nodes:
+        op = get_ir_op(node)
+        if op is not None and op.name in ("rms_norm", "fused_add_rms_norm"):
+            eps = node.args[list(op.py_signature.parameters).index("epsilon")]
+            if isinstance(eps, float):
+                found.add(eps)
     return found
 
 
@@ -231,11 +232,11 @@ class QKNormRoPEFusionPass(VllmPatternMatcherPass):
 
     def register_patterns(self, geometry: QkNormRopeGeometry) -> None:
         # traced on real (tiny) tensors, outside the fake mode Inductor compiles the graph under
-        with unset_fake_temporarily(), torch.no_grad():
+        # (with the IR ops' torch wrap on, so the norm traces to its one node)
+        with unset_fake_temporarily(), torch.no_grad(), enable_torch_wrap(True):
             for is_neox in (True, False):
-                for custom_rms_norm in (True, False):
-                    for custom_rope in (True, False):
-                        QkNormRopePattern(geometry, is_neox, custom_rms_norm, custom_rope).register(self.patterns)
+                for custom_rope in (True, False):
+                    QkNormRopePattern(geometry, is_neox, custom_rope).register(self.patterns)
         self.geometries.add(geometry)
         logger.debug("QKNormRoPEFusionPass: registered patterns for %s", geometry)
 
@@ -248,5 +249,5 @@ class QKNormRoPEFusionPass(VllmPatternMatcherPass):
     def uuid(self) -> str:
         # the class alone would miss the patterns and the helpers that trace them
         return VllmInductorPass.hash_source(
-            self, QkNormRopePattern, QkNormRopeGeometry, rms_norm_native, rotary_embedding_native,
-            rms_norm_custom, rotary_embedding_custom, _normalise, trace_fn, find_rms_norm_eps, find_geometries)
+            self, QkNormRopePattern, QkNormRopeGeometry, rms_norm_ir, rotary_embedding_native,
+            rotary_embedding_custom, _normalise, trace_fn, find_rms_norm_eps, find_geometries)

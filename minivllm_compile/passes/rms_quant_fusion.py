@@ -8,15 +8,17 @@ an RMSNorm's output:
     xq     = static_scaled_fp8_quant(normed, scale)   # read back, quantized
 
 `rms_norm_static_fp8_quant` does both in one pass over the row and never stores `normed`. The
-residual form fuses too: `fused_add_rms_norm` (residual <- x + residual; x <- norm(residual))
-followed by the quant becomes `fused_add_rms_norm_static_fp8_quant`, which writes the new
-residual and the quantized norm, and leaves `x` unwritten (nothing reads it after the quant).
+residual form fuses too: `fused_add_rms_norm` (returns the norm and x + residual) followed by the
+quant becomes `fused_add_rms_norm_static_fp8_quant`, which writes the new residual and the
+quantized norm.
 
-Each op comes in two forms, and every combination is registered (vLLM's matcher_utils picks one
-form per op from the config; here one pass serves any `custom_ops`):
+The norm is matched as vLLM 0.33 matches it: the vLLM IR op, `torch.ops.minivllm_ir.rms_norm`
+(and fused_add_rms_norm's default overload, which the pre-grad pass made of `maybe_inplace`), one
+node whatever provider the priority will lower it to: this pass runs before VllmIRLoweringPass.
+The quant comes in two forms, and both are registered (vLLM's matcher_utils picks one form per op
+from the config; here one pass serves any `custom_ops`):
 - the custom op, as functionalization leaves it: `auto_functionalized(op, out=empty(...), ...)`;
-- its plain-torch form, what `custom_ops` "none" traces (RMSNorm.forward_native,
-  kernels.quant_fp8.static_scaled_fp8_quant_native).
+- its plain-torch form, what `custom_ops` "none" traces (kernels.quant_fp8.static_scaled_fp8_quant_native).
 The replacement is the fused op, written functionally, `auto_functionalized(fused, result=...)`;
 FixFunctionalization (last in the pipeline) makes it a direct in-place call.
 
@@ -25,13 +27,13 @@ Two things are burned into a pattern rather than matched:
   with the match's real inputs and compares, so a pattern registered for eps 1e-6 finds a 1e-5
   norm and then refuses it. vLLM registers for 1e-5 and 1e-6 up front. This pass is built from
   the PassConfig alone (no model config), so it reads the eps values from the graph it is given
-  (the custom op's `eps=`, or the constant in `mean(x**2) + eps`) and registers each new one on
-  first sight, as QKNormRoPEFusionPass does for its geometry.
-- the activation dtype: the plain-torch forms cast to fp32 and back, and for an fp32 model those
-  casts vanish from the graph, so a bf16 pattern does not fit an fp32 graph nor the reverse. The
+  (each IR norm node's `epsilon`) and registers each new one on first sight, as QKNormRoPEFusionPass
+  does for its geometry.
+- the activation dtype: the plain-torch quant casts to fp32, and for an fp32 model that cast
+  vanishes from the graph, so a bf16 pattern does not fit an fp32 graph nor the reverse. The
   candidates are the floating-point dtypes of the graph's inputs (activations and norm weights;
-  the fp32 scales always add fp32, a cheap extra). Only the all-custom-op pattern holds no cast,
-  so it is registered once per eps.
+  the fp32 scales always add fp32, a cheap extra). The IR norm with the custom quant holds no cast,
+  so that pattern is registered once per eps.
 Shapes are not burned in: the search ignores sizes, and the re-trace uses the match's own.
 Patterns for several eps values share one search pattern; one whose check refuses a match leaves
 the node to the next, so the order of registration does not matter across eps.
@@ -49,7 +51,10 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized
 from torch._inductor.pattern_matcher import PatternMatcherPass
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+import minivllm_compile.ir.kernels  # noqa: F401  (the IR ops and their providers)
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
+from minivllm_compile import ir
+from minivllm_compile.ir.op import enable_torch_wrap
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE, static_scaled_fp8_quant_native
 # the eps of every RMSNorm in a graph, either form: the QK-norm pass reads them the same way
 from minivllm_compile.passes.qk_norm_rope_fusion import find_rms_norm_eps
@@ -65,33 +70,15 @@ MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NUM_TOKENS, HIDDEN = 5, 16  # example sizes for tracing the patterns: any will do (see above)
 
 
-# --- the two forms of each op ------------------------------------------------------------------
-# The core may not import models/, so the plain-torch forms restate RMSNorm.forward_native
-# functionally; tests/test_quant_fusion.py fails (nothing matches under "none") if they drift.
+# --- the norm as the IR op, the quant in both forms ----------------------------------------------
 
-def rms_norm_native(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+def rms_norm_ir(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return ir.ops.rms_norm(x, weight, eps)  # AOTAutograd drops variance_size=None as well
 
 
-def fused_add_rms_norm_native(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    residual = (x.float() + residual.float()).to(x.dtype)
-    return rms_norm_native(residual, weight, eps), residual
-
-
-def rms_norm_custom(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    at = auto_functionalized(minivllm.rms_norm.default, out=torch.empty_like(x), input=x,
-                             weight=weight, eps=eps)
-    return at[1]
-
-
-def fused_add_rms_norm_custom(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    # both arguments are mutated: at[1] is the normed x, at[2] the new residual
-    at = auto_functionalized(minivllm.fused_add_rms_norm.default, input=x, residual=residual,
-                             weight=weight, eps=eps)
-    return at[1], at[2]
+def fused_add_rms_norm_ir(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return ir.ops.fused_add_rms_norm(x, residual, weight, eps)  # (normed, x + residual)
 
 
 def quant_fp8_custom(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -127,8 +114,9 @@ def norm_dtypes_match(match: pm.Match) -> bool:
 
 def register(pattern, replacement, inputs: list[torch.Tensor], pm_pass: PatternMatcherPass,
              extra_check=lambda match: True) -> None:
-    """Trace both on real (tiny) tensors, outside the fake mode Inductor compiles the graph under."""
-    with unset_fake_temporarily(), torch.no_grad():
+    """Trace both on real (tiny) tensors, outside the fake mode Inductor compiles the graph under,
+    with the IR ops' torch wrap on (so an IR op traces to its one node)."""
+    with unset_fake_temporarily(), torch.no_grad(), enable_torch_wrap(True):
         pm.register_replacement(pattern, replacement, inputs, pm.fwd_only, pm_pass, extra_check=extra_check)
 
 
@@ -144,7 +132,6 @@ class RMSNormStaticQuantPattern:
 
     epsilon: float
     dtype: torch.dtype
-    custom_norm: bool
     custom_quant: bool
 
     def get_inputs(self) -> list[torch.Tensor]:
@@ -154,7 +141,7 @@ class RMSNormStaticQuantPattern:
 
     def register(self, pm_pass: PatternMatcherPass) -> None:
         # plain functions, not bound methods: the matcher reads the argument names off them
-        norm, quant, eps = rms_norm_custom if self.custom_norm else rms_norm_native, quant_fp8(self.custom_quant), self.epsilon
+        norm, quant, eps = rms_norm_ir, quant_fp8(self.custom_quant), self.epsilon
 
         def pattern(input: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             return quant(norm(input, weight, eps), scale)
@@ -174,7 +161,6 @@ class FusedAddRMSNormStaticQuantPattern:
 
     epsilon: float
     dtype: torch.dtype
-    custom_norm: bool
     custom_quant: bool
 
     def get_inputs(self) -> list[torch.Tensor]:
@@ -184,8 +170,7 @@ class FusedAddRMSNormStaticQuantPattern:
                 torch.empty(1, dtype=torch.float32)]                # scale
 
     def register(self, pm_pass: PatternMatcherPass) -> None:
-        norm = fused_add_rms_norm_custom if self.custom_norm else fused_add_rms_norm_native
-        quant, eps = quant_fp8(self.custom_quant), self.epsilon
+        norm, quant, eps = fused_add_rms_norm_ir, quant_fp8(self.custom_quant), self.epsilon
 
         def pattern(input: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
                     scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,17 +195,14 @@ class RMSNormQuantFusionPass(VllmPatternMatcherPass):
         self.registered: set[tuple[float, torch.dtype]] = set()  # (eps, dtype) registered so far
 
     def register_patterns(self, epsilon: float, dtype: torch.dtype) -> None:
-        # custom norm + custom quant holds no cast, so it fits any dtype: register it once per eps
-        # (a plain-torch quant after the custom norm casts its input to fp32, so that one does not)
+        # the IR norm + custom quant holds no cast, so it fits any dtype: register it once per eps
+        # (the plain-torch quant casts its input to fp32, so that one does not)
         first_for_eps = not any(e == epsilon for e, _ in self.registered)
-        for custom_norm in (True, False):
-            for custom_quant in (True, False):
-                if custom_norm and custom_quant and not first_for_eps:
-                    continue
-                # the residual form first: in the plain-torch forms the plain pattern is part of it
-                # (it would take add(x, residual) for its input and leave the add unfused)
-                FusedAddRMSNormStaticQuantPattern(epsilon, dtype, custom_norm, custom_quant).register(self.patterns)
-                RMSNormStaticQuantPattern(epsilon, dtype, custom_norm, custom_quant).register(self.patterns)
+        for custom_quant in (True, False):
+            if custom_quant and not first_for_eps:
+                continue
+            FusedAddRMSNormStaticQuantPattern(epsilon, dtype, custom_quant).register(self.patterns)
+            RMSNormStaticQuantPattern(epsilon, dtype, custom_quant).register(self.patterns)
         self.registered.add((epsilon, dtype))
         logger.debug("RMSNormQuantFusionPass: registered patterns for eps=%g, %s", epsilon, dtype)
 
@@ -235,6 +217,6 @@ class RMSNormQuantFusionPass(VllmPatternMatcherPass):
     def uuid(self) -> str:
         # the class alone would miss the patterns and the forms they are traced from
         return VllmInductorPass.hash_source(
-            self, RMSNormStaticQuantPattern, FusedAddRMSNormStaticQuantPattern, rms_norm_native,
-            fused_add_rms_norm_native, rms_norm_custom, fused_add_rms_norm_custom, quant_fp8_custom,
+            self, RMSNormStaticQuantPattern, FusedAddRMSNormStaticQuantPattern, rms_norm_ir,
+            fused_add_rms_norm_ir, quant_fp8_custom,
             quant_fp8_native, find_rms_norm_eps, find_model_dtypes, norm_dtypes_match, register, empty_quant)

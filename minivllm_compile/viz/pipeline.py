@@ -153,7 +153,9 @@ def pipeline_facts(model: Any, counters: Any = None) -> list[Stage]:
                             [f"none: backend {cc.backend!r} runs no Inductor"]))
     else:
         names = [type(p).__name__ for p in pm.all_passes()]
-        runs = {n: sum(1 for s, _ in pm.records if s.endswith(f".{n}.before")) for n in names}
+        # per graph: a pass listed twice (PostCleanup, before and after the IR lowering) runs twice
+        runs = {n: sum(1 for s, _ in pm.records if s.endswith(f".{n}.before")) // names.count(n)
+                for n in names}
         fix = [(s, src) for s, src in pm.records if ".FixFunctionalizationPass." in s]
         before = sum(src.count("auto_functionalized(") for s, src in fix if s.endswith(".before"))
         after = sum(src.count("auto_functionalized(") for s, src in fix if s.endswith(".after"))

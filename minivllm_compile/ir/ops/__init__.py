@@ -1,0 +1,5 @@
+"""The IR ops (vLLM 0.33's vllm/ir/ops/); their providers are in minivllm_compile.ir.kernels."""
+
+from minivllm_compile.ir.ops.layernorm import fused_add_rms_norm, rms_norm
+
+__all__ = ["fused_add_rms_norm", "rms_norm"]

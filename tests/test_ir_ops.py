@@ -1,0 +1,283 @@
+"""vLLM IR (minivllm_compile/ir/): every provider of every op against `native`, within the op's
+tolerance, and every refusal the issue lists, each naming the op and the fix. Nothing compiles
+here (tests/test_ir_passes.py compiles)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import Library
+
+import minivllm_compile.ir.kernels  # noqa: F401  (the providers)
+from minivllm_compile import ir
+from minivllm_compile.ir import op as op_module
+from minivllm_compile.ir.op import IrOp, register_op
+from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+
+OPS = [ir.ops.rms_norm, ir.ops.fused_add_rms_norm]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """A library and a registry of its own for the ops a test registers, dropped afterwards (vLLM's
+    tests monkeypatch vllm_ir_torch_lib the same way)."""
+    lib = Library("minivllm_ir_test", "FRAGMENT")
+    monkeypatch.setattr(op_module, "ir_torch_lib", lib)
+    monkeypatch.setattr(IrOp, "registry", dict(IrOp.registry))
+    yield lib
+    lib._destroy()
+
+
+def _clone(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+# --- every provider against native --------------------------------------------------------------
+
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_tokens, hidden_size", [(1, 64), (7, 192), (33, 100)])
+def test_every_supported_provider_matches_native(op, dtype, num_tokens, hidden_size, kernel_device):
+    """Inputs from the op's own generator; the tolerance from the op (its float16 override) or
+    the defaults. On the CPU the triton provider runs in Triton's interpreter (conftest)."""
+    torch.manual_seed(0)
+    args = op.generate_inputs(num_tokens=num_tokens, hidden_size=hidden_size, dtype=dtype,
+                              device=kernel_device)
+    want = _as_tuple(op.impls["native"].impl_fn(*_clone(args)))
+    providers = op.supported_providers()
+    assert {"native", "vllm_c", "triton"} <= set(op.impls)
+    assert "vllm_c" in providers  # the custom ops run on the CPU too
+    for provider in providers:
+        impl = op.impls[provider]
+        assert impl.supports_args(*args), provider
+        inputs = _clone(args)
+        got = _as_tuple(impl.func_impl_fn(*inputs))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, **op.get_tolerance(dtype), msg=lambda m, p=provider: f"{p}: {m}")
+        # the functional form never writes its inputs, in-place provider or not
+        for a, b in zip(inputs, args):
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b), provider
+
+
+def test_the_in_place_providers_write_into_the_activations_through_maybe_inplace():
+    op = ir.ops.fused_add_rms_norm
+    args = op.generate_inputs(num_tokens=4, hidden_size=32, dtype=torch.float32)
+    want = op.impls["native"].impl_fn(*_clone(args))
+    assert [p for p in op.impls if op.impls[p].inplace] == ["triton", "vllm_c"]
+    with op.set_priority(["vllm_c", "native"]):
+        x, residual = _clone(args)[:2]
+        out, new_residual = op.maybe_inplace(x, residual, *args[2:])
+        assert out is x and new_residual is residual  # written where they were
+        x2, r2 = _clone(args)[:2]
+        out2, _ = op(x2, r2, *args[2:])  # the default overload: copies, inputs untouched
+        assert out2.data_ptr() != x2.data_ptr() and torch.equal(x2, args[0])
+    for g, w in zip((out, new_residual), want):
+        torch.testing.assert_close(g, w, **op.get_tolerance(torch.float32))
+
+
+def test_supports_args_sends_what_a_kernel_lacks_to_the_next_provider():
+    op = ir.ops.rms_norm
+    x, w, eps = op.generate_inputs(num_tokens=3, hidden_size=16, dtype=torch.float32)
+    with op.set_priority(["vllm_c", "native"]):
+        assert op.dispatch(x, w, eps).provider == "vllm_c"
+        assert op.dispatch(x, w, eps, 8).provider == "native"  # variance_size: not in the kernel
+        assert op.dispatch(x, w.double(), eps).provider == "native"  # another weight dtype
+        assert op.dispatch(x, None, eps).provider == "native"
+        torch.testing.assert_close(op(x, w, eps, 8), op.impls["native"].impl_fn(x, w, eps, 8))
+
+
+def test_dispatch_follows_the_priority_and_the_scope_restores_it():
+    op = ir.ops.rms_norm
+    args = op.generate_inputs(num_tokens=2, hidden_size=8, dtype=torch.float32)
+    before = op.get_priority()
+    with op.set_priority(["vllm_c"]):
+        # no provider but native takes every argument: native is tried last
+        assert op.get_priority() == ["vllm_c", "native"]
+        assert op.dispatch(*args).provider == "vllm_c"
+        with op.set_priority(["native"]):
+            assert op.dispatch(*args).provider == "native"
+        assert op.get_priority() == ["vllm_c", "native"]
+    assert op.get_priority() == before
+
+
+def test_the_config_scopes_every_op_and_the_torch_wrap_routes_the_call(monkeypatch):
+    calls = []
+    impl = ir.ops.rms_norm.impls["vllm_c"]
+    monkeypatch.setattr(impl, "impl_fn", lambda *a: calls.append("vllm_c") or ir.ops.rms_norm.impls[
+        "native"].impl_fn(*a))
+    args = ir.ops.rms_norm.generate_inputs(num_tokens=2, hidden_size=8, dtype=torch.float32)
+    with IrOpPriorityConfig.with_default(["vllm_c", "native"]).set_priority():
+        assert ir.ops.fused_add_rms_norm.get_priority() == ["vllm_c", "native"]
+        ir.ops.rms_norm(*args)  # through torch.ops.minivllm_ir.rms_norm
+        with ir.enable_torch_wrap(False):
+            assert not ir.torch_wrap_enabled()
+            ir.ops.rms_norm(*args)  # straight to the implementation
+    assert calls == ["vllm_c", "vllm_c"] and ir.torch_wrap_enabled()
+
+
+def test_schema_and_names_as_vllm_declares_them():
+    assert str(ir.ops.rms_norm.torch_op._schema) == (
+        "minivllm_ir::rms_norm(Tensor x, Tensor? weight, float epsilon, SymInt? variance_size=None) -> Tensor")
+    inplace = str(ir.ops.fused_add_rms_norm.maybe_inplace.torch_op._schema)
+    assert inplace.startswith("minivllm_ir::fused_add_rms_norm.maybe_inplace(Tensor(a0!) x, Tensor(a1!) x_residual")
+    assert ir.ops.fused_add_rms_norm.activations == ["x", "x_residual"]
+    assert not hasattr(ir.ops.rms_norm, "maybe_inplace")
+    assert ir.RESERVED_PROVIDERS == ["native", "unfused"]
+    assert str(ir.ops.rms_norm) == "IrOp('rms_norm') - Weighted root-mean-square layer normalization."
+    assert ir.ops.rms_norm.get_tolerance(torch.float16) == {"atol": 1e-2, "rtol": 2e-3}
+    assert ir.ops.rms_norm.get_tolerance(torch.bfloat16) == {"atol": 1e-3, "rtol": 1.6e-2}
+
+
+# --- the platform defaults and the user's list ----------------------------------------------------
+
+def test_platform_defaults_go_behind_the_users_list():
+    from minivllm_compile import CompilationConfig, CompilationMode
+
+    cc = CompilationConfig(mode=CompilationMode.NONE)
+    assert cc.kernel_config.ir_op_priority == IrOpPriorityConfig(["native"], ["native"])  # this CPU
+    assert cc.ir_enable_torch_wrap is False
+    user = KernelConfig(IrOpPriorityConfig(rms_norm="vllm_c", fused_add_rms_norm=["triton", "native"]
+                                           if "triton" in ir.ops.fused_add_rms_norm.supported_providers()
+                                           else ["native"]))
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, kernel_config=user)
+    assert cc.kernel_config.ir_op_priority.rms_norm == ["vllm_c", "native"]
+    assert cc.kernel_config.ir_op_priority.fused_add_rms_norm[-1] == "native"
+    assert cc.ir_enable_torch_wrap is True
+    again = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, kernel_config=cc.kernel_config)
+    assert again.kernel_config.ir_op_priority.rms_norm == ["vllm_c", "native"]  # appended once
+    assert CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager").ir_enable_torch_wrap is False
+    assert CompilationConfig(kernel_config={"ir_op_priority": {"rms_norm": ["vllm_c"]}}
+                             ).kernel_config.ir_op_priority.rms_norm == ["vllm_c", "native"]
+
+
+@pytest.mark.parametrize("mode, backend, want", [
+    ("NONE", "inductor", ["vllm_c", "native"]),
+    ("VLLM_COMPILE", "eager", ["vllm_c", "native"]),
+    ("VLLM_COMPILE", "inductor", ["native"]),
+    ("STOCK_TORCH_COMPILE", "inductor", ["native"]),
+])
+def test_cuda_defaults_follow_vllms_cuda_platform(monkeypatch, mode, backend, want):
+    """vLLM's CudaPlatform.get_default_ir_op_priority: native when Inductor compiles, the kernels
+    when nothing would fuse the norm (the platform read as CUDA here, no GPU needed)."""
+    from minivllm_compile import CompilationConfig, CompilationMode, envs
+
+    monkeypatch.setattr(envs, "default_device", lambda: "cuda")
+    cc = CompilationConfig(mode=CompilationMode[mode], backend=backend)
+    assert cc.kernel_config.ir_op_priority == IrOpPriorityConfig.with_default(want)
+
+
+# --- bad input: each error names the op and the fix ---------------------------------------------
+
+def test_a_reserved_malformed_or_taken_provider_name_is_refused():
+    op = ir.ops.rms_norm
+    for name, words in (("native", ["reserved", "rms_norm", "another name"]),
+                        ("unfused", ["reserved", "rms_norm"]),
+                        ("My-Kernel", ["invalid", "rms_norm", "lowercase"]),
+                        ("vllm_c", ["already registered", "rms_norm", "Choose another name"])):
+        with pytest.raises(ValueError) as e:
+            op.register_impl(name)
+        for w in words:
+            assert w in str(e.value), (name, str(e.value))
+    assert list(op.impls) == ["native", "triton", "vllm_c"]  # nothing was added
+
+
+def test_a_priority_naming_an_unknown_or_unsupported_provider_is_refused(monkeypatch):
+    from minivllm_compile import CompilationConfig
+
+    with pytest.raises(ValueError, match=r"op rms_norm names 'tritn', which is not a provider of it "
+                                         r"\(registered: \['native', 'triton', 'vllm_c'\]\): fix the name"):
+        CompilationConfig(kernel_config=KernelConfig(IrOpPriorityConfig(rms_norm=["tritn"])))
+    monkeypatch.setattr(ir.ops.rms_norm.impls["triton"], "supported", False)  # as on a CPU, no interpreter
+    with pytest.raises(ValueError, match=r"op rms_norm names 'triton', which is not supported on this "
+                                         r"machine .*remove it from the priority"):
+        CompilationConfig(kernel_config=KernelConfig(IrOpPriorityConfig(rms_norm="triton,native")))
+    with pytest.raises(ValueError, match="fused_add_rms_norm must be a list of provider names"):
+        IrOpPriorityConfig(fused_add_rms_norm=[1])
+    with pytest.raises(ValueError, match=r"\['gelu'\] are not IR ops"):
+        KernelConfig(ir_op_priority={"gelu": ["native"]})
+
+
+def test_an_implementation_whose_schema_differs_is_refused():
+    op = ir.ops.rms_norm
+
+    def other_names(x: torch.Tensor, w: torch.Tensor | None, epsilon: float,
+                    variance_size: int | None = None) -> torch.Tensor: ...
+
+    def no_default(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
+                   variance_size: int | None) -> torch.Tensor: ...
+
+    def unannotated(x, weight, epsilon, variance_size=None): ...
+
+    for fn in (other_names, no_default):
+        with pytest.raises(ValueError, match=r"Implementation 'mine' of op rms_norm has schema .* does not "
+                                             r"match the native schema .*same parameter names, types and defaults"):
+            op.register_impl("mine")(fn)
+    with pytest.raises(ValueError, match=r"Implementation 'mine' of op rms_norm: its schema cannot be inferred "
+                                         r".*Annotate it exactly as the native function: \(x: 'Tensor'"):
+        op.register_impl("mine")(unannotated)
+    with pytest.raises(ValueError, match=r"supports_args of provider 'mine' for op rms_norm has 2 parameters"):
+        op.register_impl("mine", supports_args=lambda x, weight: True)(op.impls["vllm_c"].impl_fn)
+    with pytest.raises(ValueError, match="inplace=True, but op rms_norm was not registered with allow_inplace"):
+        op.register_impl("mine", inplace=True)(op.impls["vllm_c"].impl_fn)
+    assert "mine" not in op.impls
+
+
+def test_a_maybe_inplace_activation_read_after_the_call_is_refused():
+    """VllmIRInplaceFunctionalizationPass, on a graph where x is read after the call."""
+    from torch import fx
+
+    from minivllm_compile.passes.ir import VllmIRInplaceFunctionalizationPass
+
+    g = fx.Graph()
+    x, r, w = (g.placeholder(n) for n in ("x", "r", "w"))
+    call = g.call_function(ir.ops.fused_add_rms_norm.maybe_inplace.torch_op, (x, r, w, 1e-6))
+    g.call_function(torch.ops.aten.add.Tensor, (x, 1))  # x read again: it was donated
+    g.output(call)
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm\.maybe_inplace \(node \w+\) is passed x as its "
+                                         r"activation 'x', and \['add_tensor'\] read x after the call.*Call the default "
+                                         r"overload \(ir\.ops\.fused_add_rms_norm\(\.\.\.\)\)"):
+        VllmIRInplaceFunctionalizationPass()(g)
+
+
+def test_ops_are_registered_once_with_names_as_vllm_checks_them(scratch_registry):
+    @register_op
+    def my_scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+        return x * factor
+
+    assert my_scale.torch_op is torch.ops.minivllm_ir_test.my_scale.default
+    assert torch.equal(my_scale(torch.ones(2), 3.0), torch.full((2,), 3.0))
+    with pytest.raises(ValueError, match="Op 'my_scale' is already registered"):
+        register_op(my_scale.impls["native"].impl_fn)
+    with pytest.raises(ValueError, match="Op name 'MyOp' is invalid"):
+        register_op(name="MyOp")(lambda x: x)
+    with pytest.raises(ValueError, match="keyword-only parameters"):
+        @register_op
+        def kw_only(x: torch.Tensor, *, k: float) -> torch.Tensor:
+            return x
+    with pytest.raises(ValueError, match="allow_inplace needs one Tensor output per activation"):
+        @register_op(allow_inplace=True)
+        def two_in_one_out(x: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+            return x + x2
+    assert "MyOp" not in IrOp.registry and "kw_only" not in IrOp.registry
+
+
+def test_a_provider_registered_later_is_not_in_a_priority_already_set(scratch_registry, caplog):
+    @register_op
+    def my_double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with my_double.set_priority(["native"]):
+        @my_double.register_impl("fast")
+        def fast(x: torch.Tensor) -> torch.Tensor:
+            return x + x
+
+        assert "registering provider fast for op my_double while a priority is set" in caplog.text
+        assert my_double.dispatch(torch.ones(1)).provider == "native"
+    with my_double.set_priority(["fast"]):
+        assert my_double.dispatch(torch.ones(1)).provider == "fast"
