@@ -120,12 +120,26 @@ def main() -> int:
     ensure_venv()
     ensure_installed()
     args = sys.argv[2:]
+    env = dict(os.environ)
     if sys.argv[1] == "test" and "--quick" in args:  # tests/conftest.py: what the tier leaves out
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests", *args]
+    elif sys.argv[1] == "test":
+        cmd = jobs["test"] + test_workers() + args
+        # one torch thread per worker: the workers already fill the cores, and torch's threads
+        # waiting for each other on a busy core cost more than they gain on these tiny models
+        env.setdefault("OMP_NUM_THREADS", "1")
     else:
         cmd = jobs[sys.argv[1]] + args
     print("+", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, cwd=ROOT).returncode
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+def test_workers() -> list[str]:
+    """pytest-xdist's options: a worker per core, up to 4 (each compiles with gcc and holds a few
+    hundred MB), every test file and notebook whole in one worker (their module-scoped compiled
+    fixtures are shared by the file's tests). MINIVLLM_TEST_WORKERS=1 runs in this process."""
+    n = int(os.environ.get("MINIVLLM_TEST_WORKERS") or min(4, os.cpu_count() or 1))
+    return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
 
 
 if __name__ == "__main__":

@@ -115,10 +115,13 @@ def _count_spawns() -> None:
     subprocess.Popen.__init__ = counted
 
 
-@pytest.fixture(autouse=True)
-def _quick_tier_compiles_nothing(request):
-    record = request.config.getoption("--record-compiles")
-    if not (request.config.getoption("--quick") or record):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Counts what a test compiles or starts across its setup, call and teardown (a module-scoped
+    fixture that compiles is counted for the test that set it up)."""
+    config = item.config
+    record = config.getoption("--record-compiles")
+    if not (config.getoption("--quick") or record):
         yield
         return
     from torch._dynamo.utils import counters
@@ -128,11 +131,23 @@ def _quick_tier_compiles_nothing(request):
     frames, lowered, spawned = counters["frames"]["total"], _lowered[0], _spawned[0]
     yield
     traced, lowered = counters["frames"]["total"] - frames, _lowered[0] - lowered
-    if record:
-        if traced or lowered or _spawned[0] - spawned:
-            with open(record, "a") as f:
-                f.write(f"{request.node.nodeid}\t{traced}\t{lowered}\t{_spawned[0] - spawned}\n")
+    spawned = _spawned[0] - spawned
+    if record and (traced or lowered or spawned):
+        with open(record, "a") as f:
+            f.write(f"{item.nodeid}\t{traced}\t{lowered}\t{spawned}\n")
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_compiles_nothing(request):
+    if not request.config.getoption("--quick"):
+        yield
         return
+    from torch._dynamo.utils import counters
+
+    _count_lowerings()
+    frames, lowered = counters["frames"]["total"], _lowered[0]
+    yield
+    traced, lowered = counters["frames"]["total"] - frames, _lowered[0] - lowered
     if traced or lowered:
         pytest.fail(f"{request.node.nodeid} compiled ({traced} frames traced by Dynamo, {lowered} "
                     "graphs lowered by Inductor) in the quick tier: mark it @pytest.mark.compiles",

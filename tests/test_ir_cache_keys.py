@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minivllm_compile import CompilationConfig, CompilationMode, caching
+from minivllm_compile import CompilationConfig, CompilationMode, cache_keys
 from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
 
 CHILD = r"""
@@ -105,8 +105,8 @@ def test_the_priority_the_wrap_and_the_provider_sources_change_the_key():
 
     native, vllm_c, unwrapped = cc(), cc(["vllm_c"]), cc(ir_enable_torch_wrap=False)
     assert len({c.compute_hash() for c in (native, vllm_c, unwrapped)}) == 3
-    assert caching.compile_factors(native)["passes"] != caching.compile_factors(vllm_c)["passes"]
-    assert caching.backend_cache_key(native, "cpu")[0] != caching.backend_cache_key(vllm_c, "cpu")[0]
+    assert cache_keys.compile_factors(native)["passes"] != cache_keys.compile_factors(vllm_c)["passes"]
+    assert cache_keys.backend_cache_key(native, "cpu")[0] != cache_keys.backend_cache_key(vllm_c, "cpu")[0]
     before, before_cc = native.kernel_config.ir_op_priority.compute_hash(), native.compute_hash()
     # an implementation's uuid is what its provider contributes (edited above, for real)
     from minivllm_compile import ir

@@ -175,7 +175,11 @@ def test_what_still_reaches_the_dispatcher(compiled, eager):
         with torch.inference_mode(), set_forward_context(md, lm.model.static_forward_context), LogDispatch() as log:
             lm.model(ids, pos)
         seen[name] = log.ops
-    aten_compiled = {op for op in seen["compiled"] if op.startswith("aten.")}
+    # the decorator checks the ids and positions (check_input_values) before the compiled code runs
+    with torch.inference_mode(), LogDispatch() as checks:
+        compiled[0].model.check_input_values(ids, pos)
+    assert checks.ops and all(seen["compiled"][op] >= n for op, n in checks.ops.items())
+    aten_compiled = {op for op in seen["compiled"] if op.startswith("aten.") and op not in checks.ops}
     assert aten_compiled <= {"aten.mm.out", "aten.addmm.out", "aten.bmm.out"}, aten_compiled
     assert seen["compiled"]["minivllm.unified_attention_with_output.default"] == L
     for op in ("aten.embedding.default", "aten.empty_like.default", "aten.split_with_sizes.default"):
