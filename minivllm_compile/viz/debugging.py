@@ -30,9 +30,9 @@ from minivllm_compile.config import CompilationConfig, CompilationMode, CUDAGrap
 @dataclass(frozen=True)
 class Switch:
     name: str
-    turns_off: frozenset[
-        str
-    ]  # the pieces it turns off: dynamo, trace_once, inductor, passes, cudagraphs, cache
+    # the pieces it turns off: dynamo, trace_once, inductor, passes, ir_lowering (the vLLM IR ops as
+    # graph nodes, and the IR passes that functionalize and lower them), cudagraphs, cache
+    turns_off: frozenset[str]
     vllm: str  # how vLLM spells it, online (vllm serve) / offline
     config: dict[str, Any] = dataclasses.field(
         default_factory=dict
@@ -43,7 +43,7 @@ class Switch:
         return self.turns_off < other.turns_off
 
 
-_COMPILE = frozenset({"dynamo", "trace_once", "inductor", "passes", "cache"})
+_COMPILE = frozenset({"dynamo", "trace_once", "inductor", "passes", "ir_lowering", "cache"})
 
 # the guide's table, then the pieces it names in its sections (the cache, the passes); the IR's
 # ir_enable_torch_wrap=False joins them with vLLM IR
@@ -64,7 +64,7 @@ SWITCHES: dict[str, Switch] = {
         ),
         Switch(
             "mode=STOCK_TORCH_COMPILE",
-            frozenset({"trace_once", "cache"}),
+            frozenset({"trace_once", "ir_lowering", "cache"}),
             "-O.mode=1 / CompilationConfig(mode=CompilationMode.STOCK_TORCH_COMPILE)",
             {"mode": CompilationMode.STOCK_TORCH_COMPILE},
         ),
@@ -76,7 +76,7 @@ SWITCHES: dict[str, Switch] = {
         ),
         Switch(
             "backend=eager",
-            frozenset({"inductor", "passes", "cache"}),
+            frozenset({"inductor", "passes", "ir_lowering", "cache"}),
             "-O.backend=eager / CompilationConfig(backend='eager')",
             {"backend": "eager"},
         ),
@@ -86,6 +86,12 @@ SWITCHES: dict[str, Switch] = {
             "each pass's PassConfig flag, and no post_grad_custom_post_pass in "
             "inductor_compile_config",
             {"pass_config": "off"},
+        ),
+        Switch(
+            "ir_enable_torch_wrap=False",
+            frozenset({"ir_lowering"}),
+            "-O.ir_enable_torch_wrap=False / CompilationConfig(ir_enable_torch_wrap=False)",
+            {"ir_enable_torch_wrap": False},
         ),
         Switch(
             "VLLM_DISABLE_COMPILE_CACHE=1",
@@ -119,7 +125,10 @@ def apply_switch(cc: CompilationConfig, name: str) -> CompilationConfig:
         changes["cudagraph_mode"] = (
             cg.without_piecewise()
         )  # as vLLM normalises it: no pieces, no piecewise graphs
-    # the CUDA-graph sizes were resolved for the old mode: let the new config resolve its own
+    # the CUDA-graph sizes and the IR torch wrap were resolved for the old mode and backend: let
+    # the new config resolve its own, as vLLM resolves them from the flags a user passes
+    if "mode" in changes or "backend" in changes:
+        changes.setdefault("ir_enable_torch_wrap", None)
     changes.setdefault("cudagraph_capture_sizes", cc.cudagraph_capture_sizes or None)
     changes.setdefault("max_cudagraph_capture_size", None)
     return dataclasses.replace(cc, traced_files=set(), **changes)
