@@ -174,6 +174,7 @@ def run_and_compare(
                     diff = (got - want).abs().max().item()
                     return False, f"wrong at {_size(args)} (max |diff| {diff:.3g})"
         except Exception as e:  # noqa: BLE001  (the outcome of this rerun)
+            e = _root_cause(e)
             first = (str(e).strip().splitlines() or [""])[0]
             return False, f"{type(e).__name__}: {first[:150]}"
     return True, "matches eager"
@@ -224,6 +225,18 @@ def changed_factors(entry_a: str | Path, entry_b: str | Path) -> dict[str, tuple
         json.loads((Path(p) / "cache_key_factors.json").read_text()) for p in (entry_a, entry_b)
     )
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The error a backend raised, not Dynamo's wrapper around it: BackendCompilerFailed (and
+    Inductor's InductorError inside it) name the backend on their first line, the cause later."""
+    while True:
+        inner = getattr(e, "inner_exception", None)
+        if inner is None and type(e).__name__ == "InductorError":
+            inner = e.__cause__
+        if not isinstance(inner, BaseException):
+            return e
+        e = inner
 
 
 def _size(args: tuple) -> str:
