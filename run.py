@@ -11,6 +11,9 @@ Where no torch is installed: MINIVLLM_TORCH_SPEC chooses the build (default torc
 MINIVLLM_TORCH_INDEX_URL the index it comes from, e.g. https://download.pytorch.org/whl/cpu for
 the CPU build (PyPI's default torch on Linux is the CUDA build, several GB).
 
+The whole suite runs on pytest-xdist, a worker per core up to 4, each with one torch thread
+(MINIVLLM_TEST_WORKERS=1 runs it in one process; OMP_NUM_THREADS, if set, is kept).
+
 Outside a virtual environment they make one in .venv (seeing the system's packages, so a torch
 already installed is reused) and re-run themselves inside it. Only the standard library is used
 until the environment is ready.
@@ -138,7 +141,11 @@ def test_workers() -> list[str]:
     """pytest-xdist's options: a worker per core, up to 4 (each compiles with gcc and holds a few
     hundred MB), every test file and notebook whole in one worker (their module-scoped compiled
     fixtures are shared by the file's tests). MINIVLLM_TEST_WORKERS=1 runs in this process."""
-    n = int(os.environ.get("MINIVLLM_TEST_WORKERS") or min(4, os.cpu_count() or 1))
+    given = os.environ.get("MINIVLLM_TEST_WORKERS", "")
+    if given and not (given.isdigit() and int(given) >= 1):
+        raise SystemExit(f"MINIVLLM_TEST_WORKERS must be a whole number of workers, 1 or more (1: no "
+                         f"workers, the tests run in pytest's own process); got {given!r}")
+    n = int(given) if given else min(4, os.cpu_count() or 1)
     return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
 
 
