@@ -39,7 +39,10 @@ logger = logging.getLogger("minivllm_compile")
 
 def aot_path(model: torch.nn.Module) -> Path:
     key, _ = cache_keys.aot_cache_key(model, model.compilation_config, model.model_factors)
-    return cache_files.cache_root() / "torch_aot_compile" / key / "rank_0_0" / "model"
+    """`torch_aot_compile/<hash>/rank_{rank}_{dp_rank}/model`: each rank saves and loads its own
+    compiled forward (its graph has its own slice of the vocabulary and rank-0 biases) under the
+    hash all ranks share (the TP size is in it, the rank is not)."""
+    return cache_files.cache_root() / "torch_aot_compile" / key / cache_files.rank_folder() / "model"
 
 
 def _verify_source_unchanged(source_info, compilation_config) -> None:

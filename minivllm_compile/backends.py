@@ -425,7 +425,7 @@ model_tag: str = cache_keys.DEFAULT_MODEL_TAG
 @contextlib.contextmanager
 def set_model_tag(tag: str) -> Iterator[None]:
     """Build a compiled submodule under its own tag (as vLLM's set_model_tag): its pieces get their
-    own folder, `<hash>/rank_0_0/<tag>`."""
+    own folder, `<hash>/rank_{rank}_{dp_rank}/<tag>`."""
     global model_tag
     if tag == model_tag:
         raise ValueError(f"model tag {tag!r} is the current tag already")
@@ -471,7 +471,8 @@ class VllmBackend:
         self.inductor_config.setdefault("enable_auto_functionalized_v2", False)
 
     def _pick_cache_dir(self, example_inputs: list) -> Path | None:
-        """<root>/<hash of every factor, traced files included>/rank_0_0/<prefix>, as vLLM lays it;
+        """<root>/<hash of every factor, traced files included>/rank_{rank}_{dp_rank}/<prefix>, as
+        vLLM lays it (rank_0_0 in a single process; the hash is the same on every rank);
         None when the cache is off or cannot be written (then everything stays in memory). A
         CompilationConfig.cache_dir takes the root's place; vLLM uses it as the hash folder itself,
         but then two models given the same cache_dir would overwrite each other's pieces."""
@@ -480,7 +481,8 @@ class VllmBackend:
         key, self.cache_key_factors = cache_keys.backend_cache_key(cc, device, self.model_factors())
         if not caching.compile_cache_enabled(cc):
             return None
-        local = Path(cc.cache_dir or cache_files.cache_root()) / key / "rank_0_0" / self.prefix
+        root = Path(cc.cache_dir or cache_files.cache_root())
+        local = root / key / cache_files.rank_folder() / self.prefix
         try:
             cache_files.atomic_write(local / "cache_key_factors.json",
                                      json.dumps(self.cache_key_factors, indent=1))

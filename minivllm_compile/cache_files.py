@@ -37,6 +37,16 @@ def cache_root() -> Path:
     return Path(envs.VLLM_CACHE_ROOT) / "torch_compile_cache"
 
 
+def rank_folder() -> str:
+    """`rank_{rank}_{dp_rank}`, vLLM's folder of this process below a cache hash (backends.py,
+    decorators.py): the rank is the process's rank in the world (vLLM's parallel_config.rank), 0
+    in a single process; the data-parallel index is always 0 (no data parallelism here)."""
+    from minivllm_compile.distributed import parallel_state
+
+    world = parallel_state._WORLD
+    return f"rank_{0 if world is None else world.rank}_0"
+
+
 def sha(text: str, n: int = 10) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 

@@ -22,6 +22,8 @@ something else. Its factors, and what each covers:
     inputs          the first call's arguments: each tensor's dtype, device, static sizes and
                     contiguity; each plain argument's value
     tag             which compiled part of the model it is (vLLM's model tag, "backbone" by default)
+    parallel        (from TP=2 on) the tensor-parallel size; never the rank, which names the folder
+                    below the hash instead (rank_{rank}_{dp_rank}), so that all ranks share a hash
     device          (backend key) where the traced graph's inputs live
     traced_files    (backend key) every file Dynamo traced, with its content.
 
@@ -119,11 +121,15 @@ def constant_value(value: Any) -> Any:
 
 def model_constants(module: torch.nn.Module) -> dict[str, Any]:
     """Every plain value the module and its submodules hold, by dotted name: what Dynamo would bake
-    into the graph if forward read it (an RMSNorm's eps, an attention layer's scale and name)."""
+    into the graph if forward read it (an RMSNorm's eps, an attention layer's scale and name).
+    Not the values a parallel layer holds per rank (its `_rank_dependent_attrs`: its rank, its
+    slice of the vocabulary): every rank of a TP run must get the same key, as vLLM's hash leaves
+    the rank out; each rank's compiled code is kept apart by its folder, rank_{rank}_{dp_rank}."""
     found = {}
     for prefix, m in module.named_modules():
+        per_rank = getattr(m, "_rank_dependent_attrs", ())
         for name, value in vars(m).items():
-            if name.startswith("_") or (m is module and name in _COMPILE_STATE):
+            if name.startswith("_") or (m is module and name in _COMPILE_STATE) or name in per_rank:
                 continue
             value = _constant(value)
             if value is not _SKIP:
@@ -156,11 +162,26 @@ def model_factors(module: torch.nn.Module, inputs: dict | None = None) -> dict[s
             "tag": getattr(getattr(module, "backend", None), "prefix", DEFAULT_MODEL_TAG)}
 
 
+def parallel_factor() -> dict[str, int] | None:
+    """The TP size (vLLM hashes its ParallelConfig: the sizes, never the rank), None in one
+    process: a TP=2 rank's graph holds all-reduces and half-size weights, and must not load what a
+    TP=1 start compiled. Left out of the key at TP=1, so that a single process keeps its key."""
+    from minivllm_compile.distributed.parallel_state import get_tensor_model_parallel_world_size
+
+    tp = get_tensor_model_parallel_world_size()
+    return {"tensor_parallel_size": tp} if tp > 1 else None
+
+
 def compile_factors(cc: CompilationConfig) -> dict[str, Any]:
-    """The factors that do not depend on the model: how it is compiled, and by what."""
-    return {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
-            "inductor_config": inductor_config_hash(), "compiler": compiler_source_hash(),
-            "passes": passes_uuid(cc)}
+    """The factors that do not depend on the model: how it is compiled, and by what, and on how
+    many ranks ("parallel", from TP=2 on)."""
+    factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
+               "inductor_config": inductor_config_hash(), "compiler": compiler_source_hash(),
+               "passes": passes_uuid(cc)}
+    parallel = parallel_factor()
+    if parallel is not None:
+        factors["parallel"] = parallel
+    return factors
 
 
 def aot_cache_key(module: torch.nn.Module, cc: CompilationConfig,

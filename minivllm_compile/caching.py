@@ -21,6 +21,10 @@ Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
                                                     the compile_fx adaptor (VLLM_USE_STANDALONE_COMPILE=0)
                                                     and by the standalone one with VLLM_USE_AOT_COMPILE=0
 
+rank_0_0 is a single process's folder; under tensor parallelism each rank has its own,
+rank_{rank}_{dp_rank} (vLLM's name; dp_rank is always 0 here), below the hash all ranks share: the
+TP size is in the key, the rank is not (cache_files.rank_folder, cache_keys.parallel_factor).
+
 The keys that name these folders, and what each of their factors covers: cache_keys.py.
 """
 

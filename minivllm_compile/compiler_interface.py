@@ -94,7 +94,7 @@ def _warn_cache_dir_with_space(base_cache_dir: str) -> None:
 
 
 def _base_cache_dir(cache_dir: str, prefix: str) -> str:
-    """`<root>/<hash>/rank_0_0/<prefix>` -> `<root>/<hash>/rank_0_0`."""
+    """`<root>/<hash>/rank_{r}_{dp}/<prefix>` -> `<root>/<hash>/rank_{r}_{dp}`."""
     return cache_dir[: -len(prefix)] if prefix and cache_dir.endswith(prefix) else cache_dir
 
 
@@ -103,7 +103,7 @@ class CompilerInterface:
     cache_dir: str | None = None
 
     def initialize_cache(self, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
-        """Told where this model's compile cache is (`<root>/<hash>/rank_0_0/<prefix>`) before the
+        """Told where this model's compile cache is (`<root>/<hash>/rank_{r}_{dp}/<prefix>`) before the
         first compile; a compiler with a cache of its own may move it there."""
         self.cache_dir = cache_dir
 

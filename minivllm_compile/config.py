@@ -172,20 +172,38 @@ class PassConfig:
     # compile ranges that end at or below this many tokens (the decode-sized ones), and the value
     # becomes a compile-range endpoint so that such a range exists. None: every range.
     qk_norm_rope_fusion_max_token_num: int | None = None
+    # vLLM's name: all-reduce + RMSNorm -> one op (AllReduceFusionPass), under tensor parallelism
+    # only (the pass is not added at TP=1). Off, as vLLM leaves it off where FlashInfer is missing.
+    fuse_allreduce_rms: bool = False
+    # its range gate: the fusion applies to compile ranges ending at or below this many tokens, and
+    # the value becomes a compile-range endpoint (from TP=2). vLLM derives it from FlashInfer's
+    # workspace size (fi_allreduce_fusion_max_size_mb / (hidden size x dtype size), at most
+    # max_num_batched_tokens); with no workspace here it is given in tokens. None: every range.
+    allreduce_fusion_max_token_num: int | None = None
 
     def __post_init__(self):
         for f in fields(self):
             if f.type == "bool":
                 _require_bool("PassConfig", f.name, getattr(self, f.name))
-        n = self.qk_norm_rope_fusion_max_token_num
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-            raise ValueError(f"PassConfig.qk_norm_rope_fusion_max_token_num must be a positive int or None, got {n!r}")
+        for name in ("qk_norm_rope_fusion_max_token_num", "allreduce_fusion_max_token_num"):
+            n = getattr(self, name)
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+                raise ValueError(f"PassConfig.{name} must be a positive int or None, got {n!r}")
 
     def range_endpoints(self) -> list[int]:
         """The compile-range endpoints the enabled range-gated passes need (vLLM adds them in
-        VllmConfig._set_compile_ranges)."""
+        VllmConfig._set_compile_ranges). The all-reduce one only where that pass runs, from TP=2
+        (vLLM: no FlashInfer size for one rank, so no endpoint)."""
+        from minivllm_compile.distributed.parallel_state import get_tensor_model_parallel_world_size
+
+        ends = []
         n = self.qk_norm_rope_fusion_max_token_num
-        return [n] if self.enable_qk_norm_rope_fusion and n is not None else []
+        if self.enable_qk_norm_rope_fusion and n is not None:
+            ends.append(n)
+        n = self.allreduce_fusion_max_token_num
+        if self.fuse_allreduce_rms and n is not None and get_tensor_model_parallel_world_size() > 1:
+            ends.append(n)
+        return ends
 
 
 @dataclass

@@ -4,6 +4,7 @@
 Start N ranks with `minivllm_compile.launch` (`launch.run(fn, tp=2)` from Python); each rank then
 builds the same model, and the layers built below take their shard of every weight."""
 
+from minivllm_compile.distributed import fused_allreduce_norm  # noqa: F401  (registers the op)
 from minivllm_compile.distributed.communication_op import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,

@@ -32,6 +32,11 @@ from minivllm_compile.distributed.utils import check_shape, divide, set_weight_a
 
 
 class LinearBase(nn.Linear):
+    # which of this layer's plain values differ from rank to rank: left out of the cache key
+    # (cache_keys.model_constants), whose hash all ranks share; each rank's folder keeps its own
+    # compiled code (vLLM's hash excludes the rank, its folder rank_{rank}_{dp_rank} has it)
+    _rank_dependent_attrs = ("tp_rank",)
+
     def __init__(self, input_size: int, output_size: int, input_size_per_partition: int,
                  output_size_per_partition: int, bias: bool, skip_bias_add: bool, prefix: str,
                  return_bias: bool):

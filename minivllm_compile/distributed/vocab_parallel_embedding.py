@@ -41,6 +41,9 @@ def pad_vocab_size(vocab_size: int, pad_to: int = DEFAULT_VOCAB_PADDING_SIZE) ->
 class VocabParallelEmbedding(nn.Embedding):
     """An nn.Embedding of this rank's rows; at TP=1, nn.Embedding itself."""
 
+    # per rank, so left out of the cache key (as LinearBase's)
+    _rank_dependent_attrs = ("tp_rank", "vocab_start_index", "vocab_end_index")
+
     def __init__(self, num_embeddings: int, embedding_dim: int,
                  params_dtype: torch.dtype | None = None,
                  padding_size: int = DEFAULT_VOCAB_PADDING_SIZE, prefix: str = "", *,

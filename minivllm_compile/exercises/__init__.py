@@ -46,7 +46,7 @@ from minivllm_compile.envs import override as env  # noqa: F401  (the graders se
 TODO = ...  # what a starter cell leaves in place of an answer
 
 # The notebooks that carry exercises (the workshop's core; notebooks/README.md lists the track).
-NOTEBOOKS = ("02", "03", "04", "05", "06", "07", "09", "13", "14", "15", "17")
+NOTEBOOKS = ("02", "03", "04", "05", "06", "07", "09", "13", "14", "15", "16", "17")
 REVEAL_AFTER = 2  # wrong tries of one exercise before check shows what the grader measured
 
 solutions_enabled = _bool("MINIVLLM_SOLUTIONS", False)  # 1/0, true/false, yes/no, on/off; else an error

@@ -49,7 +49,8 @@ CHANGES: dict[str, str] = {
         "the backend key (the AOT key is computed before Dynamo runs, so the AOT load compares the traced "
         "sources itself, aot._verify_source_unchanged)",
     "the model built under set_model_tag('draft')":
-        "the tag names which compiled part of a model this is, and gets its own folder <hash>/rank_0_0/<tag>",
+        "the tag names which compiled part of a model this is, and gets its own folder <hash>/rank_0_0/<tag> "
+        "(rank_{rank}_{dp_rank} is the process's rank: rank_0_0 in one process)",
     "one line of the user's post-grad pass edited":
         "a user pass is keyed by its uuid (the hash of its source) in 'passes'; the config's hash leaves "
         "post_grad_custom_post_pass out (a function's repr carries its address, new in every process)",

@@ -26,6 +26,7 @@ import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 
+import minivllm_compile.distributed.fused_allreduce_norm  # registers its fused op
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile.passes.inductor_pass import is_func
 from minivllm_compile.passes.vllm_inductor_pass import VllmInductorPass
@@ -49,6 +50,10 @@ class FixFunctionalizationPass(VllmInductorPass):
         minivllm.rms_norm_static_fp8_quant.default: {1: "result"},
         minivllm.fused_add_rms_norm_static_fp8_quant.default: {1: "result", 2: "residual"},
         minivllm.silu_and_mul_quant.default: {1: "result"},
+        # what AllReduceFusionPass makes of all-reduce + RMSNorm (vLLM lists it here too, less
+        # FlashInfer's quant outputs)
+        minivllm.flashinfer_trtllm_fused_allreduce_norm.default:
+            {1: "allreduce_in", 2: "residual", 3: "norm_out"},
     }
 
     @VllmInductorPass.time_and_log

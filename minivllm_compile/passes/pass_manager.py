@@ -12,7 +12,7 @@ backend sets around each piece's compile (`CompilerManager.compile_context`), as
 compiled outside the backend (the manager installed by hand, outside any `pass_context`) runs
 every pass: vLLM asserts a context there.
 
-Order (vLLM 0.33's): NoOpElimination -> RMSNormQuantFusion, ActivationQuantFusion, QKNormRoPEFusion
+Order (vLLM 0.33's): NoOpElimination -> AllReduceFusion, RMSNormQuantFusion, ActivationQuantFusion, QKNormRoPEFusion
 (each when enabled) -> user passes (`add`) -> PostCleanup -> VllmIRLowering -> UnsafeCloneElimination
 -> PostCleanup -> FixFunctionalization, always last, so every other pass sees a functional graph.
 The fusion passes match the vLLM IR ops, which the lowering then replaces with the provider the
@@ -55,14 +55,21 @@ class PostGradPassManager(CustomGraphPass):
         # (stage, graph source) for every pass run, across every graph this manager has seen
         self.records: Records = []
 
-    def configure(self, pass_config: PassConfig, ir_op_priority=None) -> None:
+    def configure(self, pass_config: PassConfig, ir_op_priority=None,
+                  max_num_batched_tokens: int | None = None) -> None:
         """`ir_op_priority` (the config's IrOpPriorityConfig) is what the lowering uses; None: each
-        op's priority at the time it runs (vLLM's, which its worker sets for the process)."""
+        op's priority at the time it runs (vLLM's, which its worker sets for the process).
+        `max_num_batched_tokens` caps the all-reduce fusion's range gate (as vLLM's)."""
         self.pass_config = pass_config
         self.passes = [NoOpEliminationPass(pass_config)] if pass_config.eliminate_noops else []
         # the fusion passes import Inductor's pattern matcher (and with it all of Inductor's
         # lowerings, about a second): only when one is on, so a warm start, which builds this
         # manager for its cache key, does not pay for it
+        if pass_config.fuse_allreduce_rms:  # vLLM's order: before the quant fusions
+            from minivllm_compile.passes.allreduce_rms_fusion import AllReduceFusionPass
+
+            self.passes.append(AllReduceFusionPass(pass_config,
+                                                   max_num_batched_tokens=max_num_batched_tokens))
         if pass_config.fuse_norm_quant:  # vLLM's order: the quant fusions, then QK-norm + RoPE
             from minivllm_compile.passes.rms_quant_fusion import RMSNormQuantFusionPass
 
@@ -143,7 +150,7 @@ def make_pass_manager(cc: CompilationConfig) -> PostGradPassManager:
     VllmBackend.configure_post_pass merges it). The backend installs this manager; the cache key
     hashes its uuid, so both see the same passes."""
     manager = PostGradPassManager()
-    manager.configure(cc.pass_config, cc.kernel_config.ir_op_priority)
+    manager.configure(cc.pass_config, cc.kernel_config.ir_op_priority, cc.max_num_batched_tokens)
     user_pass = cc.inductor_compile_config.get("post_grad_custom_post_pass")
     if isinstance(user_pass, PostGradPassManager):
         raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is a PostGradPassManager: "
