@@ -11,6 +11,7 @@ truth in tests). Notebook 11 draws the state layout.
 from __future__ import annotations
 
 import torch
+
 from minivllm_compile.kernels._compat import require_triton, tl, triton
 from minivllm_compile.kernels.layernorm import cast_to, check_launchable, needs_bf16_rtne
 

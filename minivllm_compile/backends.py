@@ -27,9 +27,15 @@ from torch._logging import trace_structured
 from torch.fx.passes.split_module import split_module
 
 from minivllm_compile import cache_files, cache_keys, caching, envs
-from minivllm_compile.compiler_interface import (CompiledEntry, CompilerInterface, EagerAdaptor,
-                                                 InductorAdaptor, InductorStandaloneAdaptor,
-                                                 returns_single_value, timed_compile)
+from minivllm_compile.compiler_interface import (
+    CompiledEntry,
+    CompilerInterface,
+    EagerAdaptor,
+    InductorAdaptor,
+    InductorStandaloneAdaptor,
+    returns_single_value,
+    timed_compile,
+)
 from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.cuda_graph import wrap_with_cudagraph_if_needed

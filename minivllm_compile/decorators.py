@@ -22,8 +22,12 @@ from torch import nn
 from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
 from minivllm_compile import aot, cache_keys, caching
-from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
-                                     DynamicShapesType)
+from minivllm_compile.config import (
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    DynamicShapesType,
+)
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.kernel_config import ir_dispatch_scope
 from minivllm_compile.monitor import monitor_torch_compile

@@ -21,8 +21,14 @@ from torch import Tensor
 from torch.library import Library, infer_schema
 
 from minivllm_compile.forward_context import get_forward_context
-from minivllm_compile.kernels import activation, causal_conv1d, layernorm, paged_attention
-from minivllm_compile.kernels import qk_norm_rope, quant_fp8
+from minivllm_compile.kernels import (
+    activation,
+    causal_conv1d,
+    layernorm,
+    paged_attention,
+    qk_norm_rope,
+    quant_fp8,
+)
 from minivllm_compile.kernels import rotary_embedding as rope
 from minivllm_compile.kernels._compat import HAS_TRITON
 

@@ -338,8 +338,11 @@ def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_pa
     or a measuring tool keeps every user's cache; editing a backend or a pass does not. The
     display-only helpers live on the display side of that boundary."""
     from minivllm_compile import cache_files
-    from minivllm_compile.viz import (count_dynamo_entries, describe_cache,
-                                      triton_source_codegen_only)
+    from minivllm_compile.viz import (
+        count_dynamo_entries,
+        describe_cache,
+        triton_source_codegen_only,
+    )
 
     package = Path(cache_files.__file__).resolve().parent
     for helper in (count_dynamo_entries, describe_cache, triton_source_codegen_only):

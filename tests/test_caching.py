@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm_compile import (CompilationConfig, CompilationMode, cache_keys, compilation_counter,
-                              cpu_isa)
+from minivllm_compile import (
+    CompilationConfig,
+    CompilationMode,
+    cache_keys,
+    compilation_counter,
+    cpu_isa,
+)
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.cache import describe_cache
 

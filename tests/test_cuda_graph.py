@@ -7,11 +7,20 @@ import pytest
 import torch
 from torch import nn
 
-from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode, compilation_counter
-from minivllm_compile import support_torch_compile
+from minivllm_compile import (
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    compilation_counter,
+    support_torch_compile,
+)
 from minivllm_compile.config import AttentionCGSupport
-from minivllm_compile.cuda_graph import (BatchDescriptor, CUDAGraphWrapper, CudagraphDispatcher,
-                                         StaticBufferReplay)
+from minivllm_compile.cuda_graph import (
+    BatchDescriptor,
+    CudagraphDispatcher,
+    CUDAGraphWrapper,
+    StaticBufferReplay,
+)
 from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
 from minivllm_compile.monitor import set_cudagraph_capturing_enabled

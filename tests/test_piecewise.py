@@ -290,9 +290,8 @@ def test_should_split_formats_and_unknown_names(caplog):
 def test_triton_source_is_written_on_cpu_without_a_gpu():
     """Inductor writes Triton for a CPU graph in codegen-only mode; static for a size (the
     element count is a constant), symbolic for a range (it is computed from num_tokens)."""
-    from minivllm_compile.viz.kernels import triton_source_codegen_only
-
     from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+    from minivllm_compile.viz.kernels import triton_source_codegen_only
 
     # the norms as the vllm_c custom op: an extern call, so the piece's one Triton kernel is the
     # embedding lookup (with native norms Inductor fuses the lookup into the first norm's reduction)

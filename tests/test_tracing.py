@@ -19,9 +19,9 @@ from minivllm_compile import (
     ignore_torch_compile,
     support_torch_compile,
 )
-from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, compile_model_with_stock_torch
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
+from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, compile_model_with_stock_torch
 
 ONCE = CompilationMode.DYNAMO_TRACE_ONCE
 

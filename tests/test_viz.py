@@ -294,8 +294,8 @@ def test_reading_triton_code_as_a_gpu_writes_it():
 def test_reading_triton_code_inductor_really_wrote():
     """The same readers against the Triton this torch's Inductor writes for a dynamic graph (its
     launch sized by a symbol, on a line of its own in newer torch)."""
-    from minivllm_compile.viz.kernels import triton_source_codegen_only
     from minivllm_compile.piecewise_backend import get_fake_args_from_graph
+    from minivllm_compile.viz.kernels import triton_source_codegen_only
 
     graphs = []
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from minivllm_compile import envs
 from minivllm_compile.config import CompilationMode, CUDAGraphMode
-from minivllm_compile.cuda_graph import CUDAGraphWrapper, CudagraphDispatcher, min_cudagraph_support
+from minivllm_compile.cuda_graph import CudagraphDispatcher, CUDAGraphWrapper, min_cudagraph_support
 from minivllm_compile.distributed import LogitsProcessor
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig

@@ -32,8 +32,13 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from minivllm_compile.cache_files import compiler_source_hash
 from minivllm_compile.config import CompilationConfig, PassConfig, Range
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
-from minivllm_compile.passes.inductor_pass import (CallableInductorPass, InductorPass,
-                                                   get_pass_context, graph_text, in_pass_context)
+from minivllm_compile.passes.inductor_pass import (
+    CallableInductorPass,
+    InductorPass,
+    get_pass_context,
+    graph_text,
+    in_pass_context,
+)
 from minivllm_compile.passes.ir.clone_elimination import UnsafeCloneEliminationPass
 from minivllm_compile.passes.ir.lowering_pass import VllmIRLoweringPass
 from minivllm_compile.passes.ir.utils import set_donated_input_ids

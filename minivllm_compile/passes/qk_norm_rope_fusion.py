@@ -50,8 +50,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 import minivllm_compile.ir.kernels  # noqa: F401  (the IR ops and their providers)
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile import ir
-from minivllm_compile.ir.op import enable_torch_wrap
 from minivllm_compile.config import Range
+from minivllm_compile.ir.op import enable_torch_wrap
 from minivllm_compile.passes.inductor_pass import is_func
 from minivllm_compile.passes.ir.utils import get_ir_op
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass

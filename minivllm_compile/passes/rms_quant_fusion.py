@@ -56,6 +56,7 @@ import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile import ir
 from minivllm_compile.ir.op import enable_torch_wrap
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE, static_scaled_fp8_quant_native
+
 # the eps of every RMSNorm in a graph, either form: the QK-norm pass reads them the same way
 from minivllm_compile.passes.qk_norm_rope_fusion import find_rms_norm_eps
 from minivllm_compile.passes.vllm_inductor_pass import VllmInductorPass, VllmPatternMatcherPass
