@@ -365,7 +365,10 @@ def test_the_script_reproduces_the_shipped_checkpoint_from_its_logged_calibratio
     assert scales == logged
     shipped = load_file(FP8_DIR / "model.safetensors")
     assert sorted(made) == sorted(shipped)
-    bits = lambda t: t.contiguous().reshape(-1).view(torch.uint8)
+
+    def bits(t):
+        return t.contiguous().reshape(-1).view(torch.uint8)
+
     for name, t in shipped.items():
         assert made[name].dtype == t.dtype and made[name].shape == t.shape, name
         assert torch.equal(bits(made[name]), bits(t)), name

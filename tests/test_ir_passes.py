@@ -162,7 +162,10 @@ def test_clone_elimination_frees_a_donated_input_and_keeps_the_callers(donate):
     assert pre.functionalized_ops == ({"fused_add_rms_norm": 2} if donate else {})
     lowering = VllmIRLoweringPass(ir_op_priority=IrOpPriorityConfig.with_default(["vllm_c", "native"]))
     lowering(gm.graph)
-    clones = lambda: sum(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)
+
+    def clones():
+        return sum(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)
+
     assert lowering.summary() == "fused_add_rms_norm=vllm_c*2" and clones() == 4  # x and residual, per call
     elim = UnsafeCloneEliminationPass()
     elim(gm.graph)

@@ -111,7 +111,9 @@ def _entry_code(lm) -> dict[Range, list[bool]]:
 
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_every_attention_layer_is_fused_and_outputs_match_at_every_size_and_range(custom_ops):
-    make = lambda cc: build_model("hybrid", num_layers=4, compilation_config=cc)
+    def make(cc):
+        return build_model("hybrid", num_layers=4, compilation_config=cc)
+
     lm, eager = make(_cfg(custom_ops)), _eager(make, custom_ops)
     ids = _ids(lm)
     for n in (MAX, 4, 3, 8, 9, 13):  # the first call compiles every entry
@@ -133,7 +135,9 @@ def test_every_attention_layer_is_fused_and_outputs_match_at_every_size_and_rang
 
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_the_trained_hybrid_is_fused_and_generates_the_same_text(custom_ops):
-    make = lambda cc: load_model("tiny-hybrid", compilation_config=cc)
+    def make(cc):
+        return load_model("tiny-hybrid", compilation_config=cc)
+
     lm = make(_cfg(custom_ops, compile_sizes=[], compile_ranges_endpoints=[], max_num_batched_tokens=64))
     eager = _eager(make, custom_ops)
     prompt = torch.tensor([256, *b"def read_config(path):\n    with open(path) as f:\n"])
@@ -176,7 +180,9 @@ def test_off_by_default():
 
 
 def test_a_model_without_qk_norm_runs_unchanged_with_the_pass_on():
-    make = lambda cc: build_model("llama", num_layers=2, compilation_config=cc)
+    def make(cc):
+        return build_model("llama", num_layers=2, compilation_config=cc)
+
     lm, eager = make(_cfg(compile_sizes=[])), _eager(make, "all")
     ids = _ids(lm)
     torch.testing.assert_close(lm(ids, torch.arange(MAX)), eager(ids, torch.arange(MAX)), atol=ATOL, rtol=RTOL)

@@ -402,8 +402,11 @@ def test_uuid_is_the_source_hash_of_the_pass_and_its_patterns():
     a.register_patterns(1e-5, torch.float32)
     assert a.uuid() == b.uuid()
     # and it reaches the cache key as a user pass
-    cc = lambda p: CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
-                                     inductor_compile_config={"post_grad_custom_post_pass": p})
+
+    def cc(p):
+        return CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
+                                 inductor_compile_config={"post_grad_custom_post_pass": p})
+
     assert make_pass_manager(cc(a)).uuid() != make_pass_manager(cc(act)).uuid()
 
 

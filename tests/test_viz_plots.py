@@ -63,7 +63,10 @@ def test_rewrite_boxes_and_arrows_before_and_after():
     assert "getitem_1 = [1]" in _texts(before) and "getitem_2 = [2]" in _texts(before)
     assert "fused_add_rms_norm\nwrites input, residual in place" in _texts(after)
     assert not any("getitem" in t for t in _texts(after))  # the getitems are gone
-    arrows = lambda ax: sum(isinstance(t, Annotation) for t in ax.texts)
+
+    def arrows(ax):
+        return sum(isinstance(t, Annotation) for t in ax.texts)
+
     # before: 3 args -> op, op -> 2 getitems, getitems -> 3 readers; after: 3 args -> call, 2 args -> 3 readers
     assert arrows(before) == 3 + 2 + 3 and arrows(after) == 3 + 3
 

@@ -40,7 +40,7 @@ def _compile(cls: type, kind: DynamicShapesType, evaluate: bool) -> nn.Module:
 def _failed_guard(error: RuntimeError) -> tuple[str, str]:
     """(guard, the source line it came from) from Dynamo's fail_on_recompile message (its first
     failing guard)."""
-    line = next((l for l in str(error).splitlines() if "x.size()" in l), "")
+    line = next((ln for ln in str(error).splitlines() if "x.size()" in ln), "")
     parts = line.strip().split("  # ")
     if len(parts) < 2:
         return "a shape guard", "a line of forward"

@@ -67,7 +67,10 @@ def table_text(rows: list[dict[str, Any]], max_width: int = 60) -> str:
     if not rows:
         return ""
     cols = list(rows[0])
-    cut = lambda v: v if len(v) <= max_width else v[:max_width - 1] + "…"
+
+    def cut(v: str) -> str:
+        return v if len(v) <= max_width else v[:max_width - 1] + "…"
+
     cell = [[cut(str(r[c])) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cell)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]

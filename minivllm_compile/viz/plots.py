@@ -348,14 +348,14 @@ def plot_modes(results: Mapping[str, Mapping[str, Any]], *, title: str = "",
     STEP_SHAPES ("decode", "prefill")."""
     labels = list(results)
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=80)
-    _grouped_bars(ax0, {name: {l: results[l]["latency_s"][shape] * 1e3 for l in labels}
+    _grouped_bars(ax0, {name: {lb: results[lb]["latency_s"][shape] * 1e3 for lb in labels}
                         for shape, (name, _) in STEP_SHAPES.items()},
                   labels, width=0.4, horizontal=True, colours=dict(STEP_SHAPES.values()))
-    ax0.set_yticks(range(len(labels)), [_short_mode(l) for l in labels])
+    ax0.set_yticks(range(len(labels)), [_short_mode(lb) for lb in labels])
     ax0.invert_yaxis()
     ax0.set_xlabel(latency_label)
     ax0.legend(fontsize=8, loc="lower right")
-    first = [results[l]["first_call_s"] for l in labels]
+    first = [results[lb]["first_call_s"] for lb in labels]
     bars = ax1.barh(range(len(labels)), first, color="#c44e52")
     ax1.bar_label(bars, fmt="%.1f s", padding=3, fontsize=8)
     ax1.set_yticks(range(len(labels)), [""] * len(labels))
