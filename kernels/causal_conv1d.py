@@ -112,7 +112,8 @@ def _causal_conv1d_fwd_kernel(
         if SILU_ACTIVATION:
             acc = acc / (1.0 + tl.exp(-acc))
         tl.store(o_base[None, :] + (idx_tokens * stride_o_token)[:, None],
-                 cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
+                 cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None]
+                 & mask_f[None, :])
         m0 += BLOCK_M
     # a sequence shorter than state_len keeps the tail of its old state (or zeros): VAL > 0
     _roll_conv_state(x_base, stride_x_token, s_base, stride_istate_token, seqlen, state_len,
@@ -174,7 +175,8 @@ def _causal_conv1d_update_kernel(
         acc = acc / (1.0 + tl.exp(-acc))
     tl.store(o_ptr + o_offset + (idx_feats * stride_o_dim)[None, :]
              + (idx_tokens * stride_o_token)[:, None],
-             cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
+             cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None]
+             & mask_f[None, :])
     _roll_conv_state(x_base, stride_x_token, s_base, stride_conv_state_tok, seqlen, state_len,
                      src_shift, True, mask_f, NP2_STATELEN)
 

@@ -20,6 +20,7 @@ from minivllm_compile.logger import configure as _configure_logging
 _configure_logging()
 
 __all__ = [
-    "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DynamicShapesConfig", "DynamicShapesType", "PassConfig",
+    "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DynamicShapesConfig",
+    "DynamicShapesType", "PassConfig",
     "Range", "compilation_counter", "ignore_torch_compile", "support_torch_compile",
 ]
