@@ -81,4 +81,5 @@ def test_a_starter_is_not_attempted(monkeypatch, capsys):
         raise NotImplementedError
 
     exercises.check("13.2", (todo, todo))
-    assert "not attempted yet (your function still raises NotImplementedError)" in capsys.readouterr().out
+    assert ("not attempted yet (your function still raises "
+            "NotImplementedError)" in capsys.readouterr().out)
