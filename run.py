@@ -145,8 +145,8 @@ def test_workers() -> list[str]:
     fixtures are shared by the file's tests). MINIVLLM_TEST_WORKERS=1 runs in this process."""
     given = os.environ.get("MINIVLLM_TEST_WORKERS", "")
     if given and not (given.isdigit() and int(given) >= 1):
-        raise SystemExit(f"MINIVLLM_TEST_WORKERS must be a whole number of workers, 1 or more (1: no "
-                         f"workers, the tests run in pytest's own process); got {given!r}")
+        raise SystemExit(f"MINIVLLM_TEST_WORKERS must be a whole number of workers, 1 or more "
+                         f"(1: no workers, the tests run in pytest's own process); got {given!r}")
     n = int(given) if given else min(4, os.cpu_count() or 1)
     return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
 
