@@ -38,7 +38,8 @@ VENV = ROOT / ".venv"
 TORCH_SPEC = os.environ.get("MINIVLLM_TORCH_SPEC", "torch==2.13.0")
 # Each torch build pins the triton it was built with (read from the CUDA wheels' metadata): by
 # release where a patch release moved it, else by minor version.
-TRITON_FOR_TORCH = {"2.11": "3.6.0", "2.12.0": "3.7.0", "2.12": "3.7.1", "2.13": "3.7.1", "2.14": "3.8.0"}
+TRITON_FOR_TORCH = {"2.11": "3.6.0", "2.12.0": "3.7.0", "2.12": "3.7.1", "2.13": "3.7.1",
+                    "2.14": "3.8.0"}
 
 
 def sh(*cmd: str) -> None:
@@ -92,7 +93,8 @@ def ensure_installed() -> None:
         release = subprocess.run(
             [sys.executable, "-c", "import torch; print(torch.__version__.split('+')[0])"],
             check=True, capture_output=True, text=True).stdout.strip()
-        pin = TRITON_FOR_TORCH.get(release) or TRITON_FOR_TORCH.get(".".join(release.split(".")[:2]))
+        pin = TRITON_FOR_TORCH.get(release) or TRITON_FOR_TORCH.get(
+            ".".join(release.split(".")[:2]))
         pip(f"triton=={pin}" if pin else "triton")
     # the package itself (editable) with its test and notebook extras, once per pyproject.toml: pip
     # takes about 8 s to find it has nothing to do (setuptools 70.1+ builds wheels itself: then no
@@ -143,8 +145,8 @@ def test_workers() -> list[str]:
     fixtures are shared by the file's tests). MINIVLLM_TEST_WORKERS=1 runs in this process."""
     given = os.environ.get("MINIVLLM_TEST_WORKERS", "")
     if given and not (given.isdigit() and int(given) >= 1):
-        raise SystemExit(f"MINIVLLM_TEST_WORKERS must be a whole number of workers, 1 or more (1: no "
-                         f"workers, the tests run in pytest's own process); got {given!r}")
+        raise SystemExit(f"MINIVLLM_TEST_WORKERS must be a whole number of workers, 1 or more "
+                         f"(1: no workers, the tests run in pytest's own process); got {given!r}")
     n = int(given) if given else min(4, os.cpu_count() or 1)
     return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
 

@@ -11,6 +11,7 @@ truth in tests). Notebook 11 draws the state layout.
 from __future__ import annotations
 
 import torch
+
 from minivllm_compile.kernels._compat import require_triton, tl, triton
 from minivllm_compile.kernels.layernorm import cast_to, check_launchable, needs_bf16_rtne
 
@@ -111,7 +112,8 @@ def _causal_conv1d_fwd_kernel(
         if SILU_ACTIVATION:
             acc = acc / (1.0 + tl.exp(-acc))
         tl.store(o_base[None, :] + (idx_tokens * stride_o_token)[:, None],
-                 cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
+                 cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None]
+                 & mask_f[None, :])
         m0 += BLOCK_M
     # a sequence shorter than state_len keeps the tail of its old state (or zeros): VAL > 0
     _roll_conv_state(x_base, stride_x_token, s_base, stride_istate_token, seqlen, state_len,
@@ -173,7 +175,8 @@ def _causal_conv1d_update_kernel(
         acc = acc / (1.0 + tl.exp(-acc))
     tl.store(o_ptr + o_offset + (idx_feats * stride_o_dim)[None, :]
              + (idx_tokens * stride_o_token)[:, None],
-             cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None] & mask_f[None, :])
+             cast_to(acc, o_ptr.dtype.element_ty, BF16_RTNE), (idx_tokens < seqlen)[:, None]
+             & mask_f[None, :])
     _roll_conv_state(x_base, stride_x_token, s_base, stride_conv_state_tok, seqlen, state_len,
                      src_shift, True, mask_f, NP2_STATELEN)
 

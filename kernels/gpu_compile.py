@@ -50,8 +50,8 @@ def launches() -> list[tuple]:
 
     run = JITFunction.run
     JITFunction.run = capture
-    # the wrappers refuse CPU tensors unless the interpreter is on (check_launchable reads the switch
-    # at each call); the kernels were decorated with it off, and nothing is launched
+    # the wrappers refuse CPU tensors unless the interpreter is on (check_launchable reads the
+    # switch at each call); the kernels were decorated with it off, and nothing is launched
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         selfcheck.check_all_kernels("cpu")
@@ -78,7 +78,8 @@ def signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict]:
 
 
 def compile_all(arch: int = 90) -> list[dict]:
-    """One row per distinct (kernel, signature, constexprs): compiled for sm_<arch>, or the error."""
+    """One row per distinct (kernel, signature, constexprs): compiled for
+    sm_<arch>, or the error."""
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed: nothing to compile")
     if triton_interpret_enabled():
@@ -96,7 +97,8 @@ def compile_all(arch: int = 90) -> list[dict]:
         done.add(key)
         t0 = time.perf_counter()
         try:
-            compiled = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", arch, 32))
+            compiled = triton.compile(ASTSource(fn, sig, constexprs=const),
+                                      target=GPUTarget("cuda", arch, 32))
             error, cubin = None, len(compiled.asm["cubin"])
         except Exception as e:  # a row per failure, so one bad kernel does not hide the others
             error, cubin = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}", 0
@@ -108,7 +110,8 @@ def compile_all(arch: int = 90) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for "
+                                                         "H100/H200")
     a = ap.parse_args()
     rows = compile_all(a.arch)
     for r in rows:

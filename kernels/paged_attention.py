@@ -1,8 +1,8 @@
 """Paged KV cache and causal attention over it, in plain torch.
 
 There is no Triton kernel here on purpose: attention is the splitting op, so it stays outside every
-compiled graph and runs eagerly through the dispatcher (seed §9). torch's scaled_dot_product_attention
-is the kernel on every device.
+compiled graph and runs eagerly through the dispatcher (seed §9). torch's
+scaled_dot_product_attention is the kernel on every device.
 
 Cache layout (as vLLM's FlashAttention backend): kv_cache [2, num_blocks, block_size, num_kv_heads,
 head_size], kv_cache[0] the keys and kv_cache[1] the values. A token's slot is
@@ -18,7 +18,8 @@ import torch.nn.functional as F
 def reshape_and_cache_ref(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Write each new token's key and value ([num_tokens, num_kv_heads, head_size]) into its slot."""
+    """Write each new token's key and value ([num_tokens, num_kv_heads,
+    head_size]) into its slot."""
     block_size = kv_cache.shape[2]
     keep = slot_mapping >= 0  # negative slots are padding tokens (vLLM's PAD_SLOT_ID)
     slots = slot_mapping[keep].long()
@@ -37,9 +38,9 @@ def paged_attention_ref(
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over all its cached tokens.
 
-    query: [num_tokens, num_heads, head_size], packed sequence after sequence. Returns the same shape.
-    A sequence with context c (tokens cached before this step) and q new tokens: new token j sits at
-    position c + j and sees cached positions 0..c + j. Prefill is c = 0, decode is q = 1.
+    query: [num_tokens, num_heads, head_size], packed sequence after sequence. Returns the same
+    shape. A sequence with context c (tokens cached before this step) and q new tokens: new token j
+    sits at position c + j and sees cached positions 0..c + j. Prefill is c = 0, decode is q = 1.
     GQA: num_heads is a multiple of num_kv_heads, each KV head serving a group of query heads.
     """
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]

@@ -44,12 +44,14 @@ def static_scaled_fp8_quant_native(input: torch.Tensor, scale: torch.Tensor) -> 
     return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
-def static_scaled_fp8_quant_ref(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor) -> None:
+def static_scaled_fp8_quant_ref(result: torch.Tensor, input: torch.Tensor,
+                                scale: torch.Tensor) -> None:
     result.copy_(static_scaled_fp8_quant_native(input, scale))
 
 
 def rms_norm_static_fp8_quant_ref(
-    result: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, epsilon: float
+    result: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+    scale: torch.Tensor, epsilon: float
 ) -> None:
     normed = torch.empty_like(input)  # rounded to the input dtype, as rms_norm stores it
     rms_norm_ref(normed, input, weight, epsilon)
@@ -119,7 +121,8 @@ def _inv_scale(scale_ptr):
 
 @triton.jit
 def _static_quant_kernel(
-    out_ptr, in_ptr, scale_ptr, out_stride, in_stride, n, BLOCK: tl.constexpr, FP8_BY_HAND: tl.constexpr
+    out_ptr, in_ptr, scale_ptr, out_stride, in_stride, n, BLOCK: tl.constexpr,
+    FP8_BY_HAND: tl.constexpr
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -132,7 +135,8 @@ def _static_quant_kernel(
 @triton.jit
 def _rms_norm_quant_kernel(
     out_ptr, in_ptr, res_ptr, w_ptr, scale_ptr, out_stride, in_stride, res_stride, hidden, eps,
-    ADD_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, BF16_RTNE: tl.constexpr, FP8_BY_HAND: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, BF16_RTNE: tl.constexpr,
+    FP8_BY_HAND: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -148,7 +152,8 @@ def _rms_norm_quant_kernel(
     normed = cast_to(x * inv_rms, dtype, BF16_RTNE).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = cast_to(normed * w, dtype, BF16_RTNE).to(tl.float32)  # what rms_norm would have stored
-    tl.store(out_ptr + row * out_stride + cols, quant_to_fp8(y, _inv_scale(scale_ptr), FP8_BY_HAND), mask=mask)
+    tl.store(out_ptr + row * out_stride + cols, quant_to_fp8(y, _inv_scale(scale_ptr), FP8_BY_HAND),
+             mask=mask)
 
 
 @triton.jit
@@ -164,10 +169,12 @@ def _silu_and_mul_quant_kernel(
     dtype = in_ptr.dtype.element_ty
     act = cast_to(x / (1.0 + tl.exp(-x)), dtype, BF16_RTNE).to(tl.float32)
     prod = cast_to(act * y, dtype, BF16_RTNE).to(tl.float32)  # what silu_and_mul would have stored
-    tl.store(out_ptr + row * out_stride + cols, quant_to_fp8(prod, _inv_scale(scale_ptr), FP8_BY_HAND), mask=mask)
+    tl.store(out_ptr + row * out_stride + cols, quant_to_fp8(prod, _inv_scale(scale_ptr),
+                                                             FP8_BY_HAND), mask=mask)
 
 
-def _check_quant_args(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor, shape: tuple) -> None:
+def _check_quant_args(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor,
+                      shape: tuple) -> None:
     """The launches' own checks (the custom ops check the same, with friendlier messages, first)."""
     if result.dtype != FP8_DTYPE:
         raise ValueError(f"result dtype {result.dtype} != {FP8_DTYPE}")
@@ -181,7 +188,8 @@ def _check_quant_args(result: torch.Tensor, input: torch.Tensor, scale: torch.Te
     check_launchable("input", input)
 
 
-def static_scaled_fp8_quant_triton(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor) -> None:
+def static_scaled_fp8_quant_triton(result: torch.Tensor, input: torch.Tensor,
+                                   scale: torch.Tensor) -> None:
     require_triton("static_scaled_fp8_quant_triton")
     _check_quant_args(result, input, scale, input.shape)
     out2, in2 = _fp8_rows("result", result), as_rows("input", input)
@@ -190,7 +198,8 @@ def static_scaled_fp8_quant_triton(result: torch.Tensor, input: torch.Tensor, sc
     n = in2.shape[1]
     block = min(triton.next_power_of_2(n), 1024)
     _static_quant_kernel[(in2.shape[0], triton.cdiv(n, block))](
-        out2, in2, scale, out2.stride(0), in2.stride(0), n, BLOCK=block, FP8_BY_HAND=_fp8_by_hand(), num_warps=4,
+        out2, in2, scale, out2.stride(0), in2.stride(0), n, BLOCK=block,
+        FP8_BY_HAND=_fp8_by_hand(), num_warps=4,
     )  # fmt: skip
 
 
@@ -209,7 +218,8 @@ def _rms_norm_quant_launch(result, input, residual, weight, scale, epsilon) -> N
         return
     block = triton.next_power_of_2(in2.shape[1])
     _rms_norm_quant_kernel[(in2.shape[0],)](
-        out2, in2, res2, weight, scale, out2.stride(0), in2.stride(0), res2.stride(0), in2.shape[1], epsilon,
+        out2, in2, res2, weight, scale, out2.stride(0), in2.stride(0), res2.stride(0),
+        in2.shape[1], epsilon,
         ADD_RESIDUAL=residual is not None, BLOCK=block, BF16_RTNE=needs_bf16_rtne(input),
         FP8_BY_HAND=_fp8_by_hand(), num_warps=min(max(block // 512, 1), 16),
     )  # fmt: skip
@@ -220,12 +230,14 @@ def rms_norm_static_fp8_quant_triton(result, input, weight, scale, epsilon) -> N
     _rms_norm_quant_launch(result, input, None, weight, scale, epsilon)
 
 
-def fused_add_rms_norm_static_fp8_quant_triton(result, input, residual, weight, scale, epsilon) -> None:
+def fused_add_rms_norm_static_fp8_quant_triton(result, input, residual, weight, scale,
+                                               epsilon) -> None:
     require_triton("fused_add_rms_norm_static_fp8_quant_triton")
     _rms_norm_quant_launch(result, input, residual, weight, scale, epsilon)
 
 
-def silu_and_mul_quant_triton(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor) -> None:
+def silu_and_mul_quant_triton(result: torch.Tensor, input: torch.Tensor,
+                              scale: torch.Tensor) -> None:
     require_triton("silu_and_mul_quant_triton")
     if input.dim() == 0 or input.shape[-1] % 2:
         raise ValueError(f"input last dimension must be even (2*d), got shape {tuple(input.shape)}")

@@ -1,7 +1,8 @@
 """Every Triton kernel against its reference on one small, awkward input (hidden sizes that are not
-powers of two, uneven varlen batches). The tour runs it (python -m minivllm_compile.kernels.selfcheck);
-on CPU it needs TRITON_INTERPRET=1 in the environment before torch is imported (torch's import
-already imports triton, which then keeps its interpreter setting)."""
+powers of two, uneven varlen batches). The tour runs it (python -m
+minivllm_compile.kernels.selfcheck); on CPU it needs TRITON_INTERPRET=1 in the environment before
+torch is imported (torch's import already imports triton, which then keeps
+its interpreter setting)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def _cases(dtype: torch.dtype, device: str) -> dict[str, Callable[[bool], list[t
 
     def pick(mod, ref_name: str, triton: bool):
         # the conv kernels keep vLLM's names (causal_conv1d_fn); the others are <op>_triton
-        triton_name = ref_name.removesuffix("_ref") + ("" if ref_name.startswith("causal") else "_triton")
+        triton_name = ref_name.removesuffix("_ref") + ("" if ref_name.startswith("causal")
+                                                       else "_triton")
         return getattr(mod, triton_name if triton else ref_name)
 
     def rms(t):
@@ -66,12 +68,14 @@ def _cases(dtype: torch.dtype, device: str) -> dict[str, Callable[[bool], list[t
 
     def qk_rope(t):
         z = qkv.clone()
-        pick(qk_norm_rope, "fused_qk_norm_rope_ref", t)(z, nq, nkv, nkv, hd, 1e-5, qw, kw, cache, True, pos)
+        pick(qk_norm_rope, "fused_qk_norm_rope_ref", t)(z, nq, nkv, nkv, hd, 1e-5, qw, kw,
+                                                        cache, True, pos)
         return [z]
 
     def conv_fn(t):
         s = states.clone()
-        out = pick(causal_conv1d, "causal_conv1d_fn_ref", t)(cx, cw, None, s, qsl, has_initial_state=init)
+        out = pick(causal_conv1d, "causal_conv1d_fn_ref", t)(cx, cw, None, s, qsl,
+                                                             has_initial_state=init)
         return [out, s]
 
     def conv_update(t):

@@ -2,6 +2,8 @@
 
 __version__ = "0.1.0"
 
+# modules notebooks reach for
+from minivllm_compile import cache_files, cache_keys, caching, envs  # noqa: F401
 from minivllm_compile.config import (
     CompilationConfig,
     CompilationMode,
@@ -13,13 +15,12 @@ from minivllm_compile.config import (
 )
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.decorators import ignore_torch_compile, support_torch_compile
-# modules notebooks reach for
-from minivllm_compile import cache_files, cache_keys, caching, envs  # noqa: F401
 from minivllm_compile.logger import configure as _configure_logging
 
 _configure_logging()
 
 __all__ = [
-    "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DynamicShapesConfig", "DynamicShapesType", "PassConfig",
+    "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DynamicShapesConfig",
+    "DynamicShapesType", "PassConfig",
     "Range", "compilation_counter", "ignore_torch_compile", "support_torch_compile",
 ]

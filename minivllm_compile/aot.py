@@ -8,8 +8,8 @@ torch >= 2.12, as in vLLM) the saved file holds the pieces' artifacts and a load
 without the backend; without it the file holds the Dynamo graph, and a load runs the backend on it
 again, each piece found in the CompilerManager's index instead of compiled (finalize_loading).
 VLLM_FORCE_AOT_LOAD=1 turns a missing or unloadable artifact into an error (and a switch that turns
-the load off into one too); VLLM_DISABLE_COMPILE_CACHE=1 (or Inductor's force_disable_caches) neither
-loads nor saves.
+the load off into one too); VLLM_DISABLE_COMPILE_CACHE=1 (or Inductor's force_disable_caches)
+neither loads nor saves.
 
 A load trusts nothing it has not checked: the file's SHA-256 and each piece's (caching.py), the key
 and model it was built for, the sources its trace read and the values it baked in
@@ -42,7 +42,8 @@ def aot_path(model: torch.nn.Module) -> Path:
     """`torch_aot_compile/<hash>/rank_{rank}_{dp_rank}/model`: each rank saves and loads its own
     compiled forward (its graph has its own slice of the vocabulary and rank-0 biases) under the
     hash all ranks share (the TP size is in it, the rank is not)."""
-    return cache_files.cache_root() / "torch_aot_compile" / key / cache_files.rank_folder() / "model"
+    return (cache_files.cache_root() / "torch_aot_compile" / key
+            / cache_files.rank_folder() / "model")
 
 
 def _verify_source_unchanged(source_info, compilation_config) -> None:
@@ -98,7 +99,8 @@ def refuse_forced_load_without_aot(cc) -> None:
     with Inductor, where a switch turns the AOT load off, would compile: refused instead, naming
     the switch (vLLM skips the load there and compiles: its VLLM_FORCE_AOT_LOAD acts only inside
     the load)."""
-    if not envs.VLLM_FORCE_AOT_LOAD or cc.mode != CompilationMode.VLLM_COMPILE or cc.backend != "inductor":
+    if (not envs.VLLM_FORCE_AOT_LOAD or cc.mode != CompilationMode.VLLM_COMPILE
+        or cc.backend != "inductor"):
         return
     import torch._inductor.config as inductor_config
 
@@ -107,14 +109,17 @@ def refuse_forced_load_without_aot(cc) -> None:
     elif cc.inductor_compile_config.get("force_disable_caches", False):
         why = "inductor_compile_config={'force_disable_caches': True} (the compile cache is off)"
     elif inductor_config.force_disable_caches:
-        why = "Inductor's force_disable_caches (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1: the compile cache is off)"
+        why = ("Inductor's force_disable_caches (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1: "
+               "the compile cache is off)")
     elif not envs.VLLM_USE_AOT_COMPILE:
-        why = "VLLM_USE_AOT_COMPILE=0" + ("" if envs._aot_supported() else " (this torch has no AOT compile)")
+        why = "VLLM_USE_AOT_COMPILE=0" + ("" if envs._aot_supported()
+                                          else " (this torch has no AOT compile)")
     elif not envs.VLLM_USE_STANDALONE_COMPILE:
         why = "VLLM_USE_STANDALONE_COMPILE=0 (the AOT artifact needs standalone_compile's)"
     else:
         return
-    raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 with {why}: nothing can be loaded; unset one of them")
+    raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 with {why}: nothing can be "
+                       "loaded; unset one of them")
 
 
 def _try_load_aot_compiled_fn(model):
@@ -125,8 +130,9 @@ def _try_load_aot_compiled_fn(model):
     path = model.aot_path = aot_path(model)
     if not path.exists():
         if force:
-            raise FileNotFoundError(f"VLLM_FORCE_AOT_LOAD=1 but there is no AOT artifact at {path}: run "
-                                    "once without VLLM_FORCE_AOT_LOAD to compile and save it")
+            raise FileNotFoundError("VLLM_FORCE_AOT_LOAD=1 but there is no AOT "
+                                    f"artifact at {path}: run once without "
+                                    "VLLM_FORCE_AOT_LOAD to compile and save it")
         return None
     try:
         with open(path, "rb") as f, caching.loading_for(model.compilation_config):
@@ -142,7 +148,8 @@ def _try_load_aot_compiled_fn(model):
     except Exception as e:  # corrupt, truncated, stale, or from another torch: compile again
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         if force:
-            raise RuntimeError(f"VLLM_FORCE_AOT_LOAD=1 and the AOT artifact at {path} cannot be used: {reason}") from e
+            raise RuntimeError("VLLM_FORCE_AOT_LOAD=1 and the AOT artifact at "
+                               f"{path} cannot be used: {reason}") from e
         logger.warning("AOT artifact %s is unusable (%s); compiling afresh", path, reason)
         return None
     compilation_counter.num_aot_artifacts_loaded += 1
@@ -202,7 +209,8 @@ def _sweep_partial_saves(path: Path) -> None:
         name = leftover.name
         if name.startswith(f".{path.name}.saving."):
             shutil.rmtree(leftover, ignore_errors=True)
-        elif (name.startswith("tmp") or (name.startswith(f".{path.name}.") and name.endswith(".tmp"))) \
+        elif (name.startswith("tmp") or (name.startswith(f".{path.name}.")
+                                         and name.endswith(".tmp"))) \
                 and leftover.is_file():
             with contextlib.suppress(OSError):
                 leftover.unlink()

@@ -27,9 +27,15 @@ from torch._logging import trace_structured
 from torch.fx.passes.split_module import split_module
 
 from minivllm_compile import cache_files, cache_keys, caching, envs
-from minivllm_compile.compiler_interface import (CompiledEntry, CompilerInterface, EagerAdaptor,
-                                                 InductorAdaptor, InductorStandaloneAdaptor,
-                                                 returns_single_value, timed_compile)
+from minivllm_compile.compiler_interface import (
+    CompiledEntry,
+    CompilerInterface,
+    EagerAdaptor,
+    InductorAdaptor,
+    InductorStandaloneAdaptor,
+    returns_single_value,
+    timed_compile,
+)
 from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.cuda_graph import wrap_with_cudagraph_if_needed
@@ -64,7 +70,8 @@ def _merge_empty_only_subgraphs(node_to_id: dict[fx.Node, int], split_ids: set[i
     for i in sorted(members):
         nodes, merged = members[i], False
         if len(nodes) == 1 and is_empty_allocation(nodes[0]) and prev_compiled is not None:
-            if all(n.op == "placeholder" or node_to_id[n] <= prev_compiled for n in nodes[0].all_input_nodes):
+            if all(n.op == "placeholder" or node_to_id[n] <= prev_compiled
+                   for n in nodes[0].all_input_nodes):
                 node_to_id[nodes[0]] = prev_compiled
                 merged = True
         if not merged and i not in split_ids:
@@ -120,7 +127,8 @@ def _decompose_size_nodes(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphModule, list[SplitItem]]:
+def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphModule,
+                                                                       list[SplitItem]]:
     """Cut the graph before and after every splitting op. Rules: a getitem stays with its
     producer; consecutive splitting ops share one piece; a piece that is one empty allocation
     joins the compiled piece before it."""
@@ -131,7 +139,8 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in node_to_id:
+        if (node.op == "call_function" and node.target is operator.getitem
+            and node.args[0] in node_to_id):
             node_to_id[node] = node_to_id[node.args[0]]
         elif should_split(node, splitting_ops):
             if not in_split:
@@ -167,9 +176,12 @@ def graph_key(gm: fx.GraphModule) -> str:
     rows = []
     for n in gm.graph.nodes:
         value = n.meta.get("example_value")
-        meta = (str(value.shape), str(value.stride()), str(value.dtype)) if isinstance(value, torch.Tensor) else repr(value)
-        rows.append((n.op, str(n.target) if n.op != "placeholder" else "", str(torch.fx.node.map_arg(n.args, norm)),
-                     str(torch.fx.node.map_arg(n.kwargs, norm)), meta if n.op == "placeholder" else ""))
+        meta = (str(value.shape), str(value.stride()), str(value.dtype)) if isinstance(
+            value, torch.Tensor) else repr(value)
+        rows.append((n.op, str(n.target) if n.op != "placeholder" else "",
+                     str(torch.fx.node.map_arg(n.args, norm)),
+                     str(torch.fx.node.map_arg(n.kwargs, norm)),
+                     meta if n.op == "placeholder" else ""))
     symbols: dict[str, str] = {}
     text = re.sub(r"\b[su]\d+\b", lambda m: symbols.setdefault(m.group(0), f"sym{len(symbols)}"),
                   re.sub(r" at 0x[0-9a-f]+", "", repr(rows)))  # a builtin's repr has its address
@@ -206,9 +218,9 @@ def refuse_unbacked_floats(gm: fx.GraphModule) -> None:
                    f"number instead, {attr} = float(...) where it is set (Dynamo then bakes the "
                    "value into the graph)")
         raise RuntimeError(
-            f"{where}\n  reads a tensor's value as a Python float (an unbacked float in the graph), "
-            "which VLLM_COMPILE cannot compile into its pieces (DYNAMO_TRACE_ONCE, compiling the "
-            f"graph whole, can): {fix}.")
+            f"{where}\n  reads a tensor's value as a Python float (an unbacked float in the "
+            "graph), which VLLM_COMPILE cannot compile into its pieces (DYNAMO_TRACE_ONCE, "
+            f"compiling the graph whole, can): {fix}.")
 
 
 def make_compiler(compilation_config: CompilationConfig, *,
@@ -237,7 +249,8 @@ class CompilerManager:
     def __init__(self, compilation_config: CompilationConfig, inductor_config: dict):
 
         self.compilation_config = compilation_config
-        self.use_aot_compile = caching.use_aot_compile(compilation_config)  # vLLM: passed in by the decorator
+        # vLLM: passed in by the decorator
+        self.use_aot_compile = caching.use_aot_compile(compilation_config)
         self.compiler = make_compiler(compilation_config, use_aot_compile=self.use_aot_compile)
         self.inductor_config = inductor_config
         self.entries: list[CompiledEntry] = []
@@ -267,29 +280,33 @@ class CompilerManager:
         self.disable_cache = cache_dir is None
         if self.use_aot_compile and not self.disable_cache and self.cache_file_path.exists():
             self.cache = self._read_index(self.cache_file_path)
-        self.compiler.initialize_cache(str(cache_dir or ""), disable_cache=self.disable_cache, prefix=prefix)
+        self.compiler.initialize_cache(str(cache_dir or ""), disable_cache=self.disable_cache,
+                                       prefix=prefix)
 
     @staticmethod
     def _read_index(path: Path) -> dict[tuple[Range, int, str], dict]:
-        """The index as saved; an unreadable one (truncated, edited, from an older layout) is reported
-        once and starts empty: every piece compiles again and the index is rewritten."""
+        """The index as saved; an unreadable one (truncated, edited, from an older layout) is
+        reported once and starts empty: every piece compiles again and the index is rewritten."""
 
         try:
             cache = {}
-            for (r, graph_index, compiler_name), value in ast.literal_eval(path.read_text()).items():
+            for (r, graph_index, compiler_name), value in (
+                    ast.literal_eval(path.read_text()).items()):
                 if not (isinstance(graph_index, int) and isinstance(compiler_name, str)
                         and isinstance(value, dict) and "graph_handle" in value):
                     raise TypeError(f"unexpected entry {r, graph_index, compiler_name}: {value!r}")
                 cache[(Range(*r), graph_index, compiler_name)] = value
             return cache
         except Exception as e:  # SyntaxError, ValueError, TypeError, OSError, ...
-            logger.warning("compile cache index %s is unusable (%s); compiling its pieces afresh", path,
+            logger.warning("compile cache index %s is unusable (%s); compiling its pieces afresh",
+                           path,
                            str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__)
             return {}
 
     def save_to_file(self) -> None:
         """Written at every update (vLLM writes it once, after the last piece): the index on disk
-        always names only artifacts already saved, so a process killed part-way leaves a usable one."""
+        always names only artifacts already saved, so a process killed
+        part-way leaves a usable one."""
         if not self.use_aot_compile or self.disable_cache or not self.is_cache_updated:
             return
         # a Range is written as its (start, end): literal_eval reads tuples, not dataclasses
@@ -324,11 +341,13 @@ class CompilerManager:
             if cache_files.path_sha256(Path(self.cache_dir) / key) != value.get("sha256"):
                 raise RuntimeError("the file is not the one saved (its SHA-256 differs from the "
                                    "index's)")
-            runnable = self.compiler.load((key, path), graph, example_inputs, graph_index, compile_range)
+            runnable = self.compiler.load((key, path), graph, example_inputs,
+                                          graph_index, compile_range)
         except Exception as e:  # a corrupt or missing artifact: compile it again, and overwrite it
             if envs.VLLM_FORCE_AOT_LOAD:
                 raise
-            logger.warning("compiled artifact %s of graph %d for %s is unusable (%s); compiling it afresh",
+            logger.warning("compiled artifact %s of graph %d for %s is unusable "
+                           "(%s); compiling it afresh",
                            value.get("graph_handle"), graph_index, compile_range,
                            str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__)
             return None
@@ -351,7 +370,8 @@ class CompilerManager:
             logger.debug("graph %d has the same key as graph %d for %s: reusing it",
                          graph_index, hit.graph_index, compile_range)
             # no handle for it: as in vLLM, a later load finds it again the same way
-            entry = dataclasses.replace(hit, graph_index=graph_index, reused_from=hit.graph_index, seconds=0.0,
+            entry = dataclasses.replace(hit, graph_index=graph_index,
+                                        reused_from=hit.graph_index, seconds=0.0,
                                         handle=None, loaded=False)
             # vLLM calls its adaptor here too, which counts the call before AOTAutograd's cache
             # key finds the earlier artifact: the counters match vLLM's
@@ -361,7 +381,8 @@ class CompilerManager:
                 compilation_counter.num_inductor_compiles += 1
         else:
             compilation_counter.num_unique_compiles += 1
-            artifact_key = f"artifact_compile_range_{caching.range_key(compile_range)}_subgraph_{graph_index}"
+            artifact_key = (
+                f"artifact_compile_range_{caching.range_key(compile_range)}_subgraph_{graph_index}")
             with self.compile_context(compile_range):
                 entry = timed_compile(self.compiler, graph, example_inputs, self.inductor_config,
                                       compile_range, graph_index, key=artifact_key)
@@ -387,7 +408,8 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
     """Runs the split graph on fake inputs; each piece to compile gets a PiecewiseBackend (which
     compiles it for every entry right away) in place of its submodule."""
 
-    def __init__(self, split_gm: fx.GraphModule, compile_submod_names: list[str], backend: "VllmBackend"):
+    def __init__(self, split_gm: fx.GraphModule, compile_submod_names: list[str],
+                 backend: "VllmBackend"):
         super().__init__(split_gm)
         self.compile_submod_names = compile_submod_names
         self.backend = backend
@@ -410,9 +432,11 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
                                      len(self.compile_submod_names), sym_shape_indices,
                                      submod_name=target)
             self.backend.piecewise_backends.append(piece)
-            # the stitching graph now calls the backend, under a PIECEWISE CUDA-graph wrapper when the
-            # mode has piecewise graphs (vLLM wraps here too); the splitting ops stay unwrapped, eager
-            self.module.__dict__[target] = wrap_with_cudagraph_if_needed(piece, self.backend.compilation_config)
+            # the stitching graph now calls the backend, under a PIECEWISE CUDA-graph wrapper when
+            # the mode has piecewise graphs (vLLM wraps here too); the splitting
+            # ops stay unwrapped, eager
+            self.module.__dict__[target] = wrap_with_cudagraph_if_needed(
+                piece, self.backend.compilation_config)
             compilation_counter.num_piecewise_capturable_graphs_seen += 1
         return output
 
@@ -487,17 +511,21 @@ class VllmBackend:
             cache_files.atomic_write(local / "cache_key_factors.json",
                                      json.dumps(self.cache_key_factors, indent=1))
         except OSError as e:
-            if (local / "cache_key_factors.json").is_file():  # a read-only (shared) cache: load from it
-                logger.warning("cannot write to the compile cache %s (%s); reading from it only", local, e)
+            # a read-only (shared) cache: load from it
+            if (local / "cache_key_factors.json").is_file():
+                logger.warning("cannot write to the compile cache %s (%s); reading from it only",
+                               local, e)
                 return local
-            logger.warning("cannot write to the compile cache %s (%s); compiling in memory only", local, e)
+            logger.warning("cannot write to the compile cache %s (%s); compiling in memory only",
+                           local, e)
             return None
         return local
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: list) -> "caching.VllmSerializableFunction":
+    def __call__(self, gm: fx.GraphModule,
+                 example_inputs: list) -> "caching.VllmSerializableFunction":
         if self.graphs:
-            raise RuntimeError("VllmBackend is called once per model: Dynamo traced it a second time "
-                               "(a guard was kept and failed?)")
+            raise RuntimeError("VllmBackend is called once per model: Dynamo traced it a second "
+                               "time (a guard was kept and failed?)")
         self.dynamo_time_s = None if self.from_saved_graph else dynamo_transform_time()
         compilation_counter.num_graphs_seen += 1  # vLLM counts the load's re-run too
         compilation_counter.num_dynamo_traces += 0 if self.from_saved_graph else 1
@@ -579,4 +607,5 @@ class VllmBackend:
         try:
             cache_files.atomic_write(self.cache_dir / "computation_graph.py", src)
         except OSError as e:
-            logger.warning("cannot write to the compile cache %s (%s); continuing without it", self.cache_dir, e)
+            logger.warning("cannot write to the compile cache %s (%s); continuing without it",
+                           self.cache_dir, e)

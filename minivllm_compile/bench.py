@@ -45,7 +45,8 @@ _threads_used: set[int] = set()  # the thread counts the running benchmark's tim
 
 def set_threads(n: int) -> None:
     """torch.set_num_threads for a benchmark's timed work, recorded: bench.json and the summary say
-    which thread counts each benchmark ran with. (Putting the count back afterwards is not recorded.)"""
+    which thread counts each benchmark ran with. (Putting the count back
+    afterwards is not recorded.)"""
     torch.set_num_threads(n)
     _threads_used.add(torch.get_num_threads())
 
@@ -53,7 +54,8 @@ def set_threads(n: int) -> None:
 def stats(xs: list[float]) -> dict:
     xs = sorted(xs)
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q[0], "q3": q[2], "n": len(xs)}
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q[0],
+            "q3": q[2], "n": len(xs)}
 
 
 def sync() -> None:
@@ -67,7 +69,8 @@ def clear_dynamo_cache() -> None:
     torch._dynamo.eval_frame.remove_from_cache(LlamaModel.forward.__code__)
 
 
-def build(mode: M, layers: int, hook: bool = True, backend: str = "inductor", max_tokens: int = 64, **kw):
+def build(mode: M, layers: int, hook: bool = True, backend: str = "inductor",
+          max_tokens: int = 64, **kw):
     from minivllm_compile.models import build_model
 
     with env(VLLM_USE_BYTECODE_HOOK=str(int(hook))):
@@ -120,9 +123,11 @@ def _direct(lm, name: str, ids, pos, md):
 
 
 VARIANTS = {"eager": (M.NONE, None), "stock": (M.STOCK_TORCH_COMPILE, None),
-            "bytecode_hook": (M.DYNAMO_TRACE_ONCE, "1"), "dynamo_no_guards": (M.DYNAMO_TRACE_ONCE, "0"),
+            "bytecode_hook": (M.DYNAMO_TRACE_ONCE, "1"),
+            "dynamo_no_guards": (M.DYNAMO_TRACE_ONCE, "0"),
             "vllm_bytecode_hook": (M.VLLM_COMPILE, "1")}
-DIRECT_OF = {"vllm_direct": "vllm_bytecode_hook", "bytecode_hook_direct": "bytecode_hook", "stock_direct": "stock"}
+DIRECT_OF = {"vllm_direct": "vllm_bytecode_hook", "bytecode_hook_direct": "bytecode_hook",
+             "stock_direct": "stock"}
 
 
 def overhead_child(spec: dict) -> dict:
@@ -130,7 +135,8 @@ def overhead_child(spec: dict) -> dict:
     torch.set_num_threads(1)  # (the parent records it: see bench_overhead)
     _record_whole_graph_calls()
     layers, be, sizes = spec["layers"], spec["backend"], spec["sizes"]
-    calls = {}  # name -> (lm, VLLM_USE_BYTECODE_HOOK at call time or None, runner or None for direct)
+    # name -> (lm, VLLM_USE_BYTECODE_HOOK at call time or None, runner or None for direct)
+    calls = {}
     for name in spec["variants"]:
         if name in DIRECT_OF:  # the compiled callable without wrapper, guards or hook
             calls[name] = (calls[DIRECT_OF[name]][0], None, None)
@@ -139,15 +145,18 @@ def overhead_child(spec: dict) -> dict:
         if name in ("stock", "dynamo_no_guards"):
             clear_dynamo_cache()  # this model is the only one in the process that enters Dynamo
         lm = build(mode, layers, hook != "0", be)
-        calls[name] = (lm, hook, lm._run_model if mode in (M.NONE, M.STOCK_TORCH_COMPILE) else lm.model)
+        calls[name] = (lm, hook, lm._run_model if mode in (M.NONE, M.STOCK_TORCH_COMPILE)
+                       else lm.model)
     setups = {}
     models = {id(lm): lm for lm, _, _ in calls.values()}  # a *_direct variant shares its model
     tables = {key: lm.allocate_caches([16]) for key, lm in models.items()}
     for n in sizes:
         for name, (lm, hook, run) in calls.items():
-            ids, pos = torch.zeros(n, dtype=torch.long, device=DEVICE), torch.arange(n, device=DEVICE)
+            ids, pos = torch.zeros(n, dtype=torch.long,
+                                   device=DEVICE), torch.arange(n, device=DEVICE)
             md = lm.metadata([n], [n], [0], tables[id(lm)])
-            if run is not None:  # warm this shape (stock recompiles here), then capture the direct call
+            # warm this shape (stock recompiles here), then capture the direct call
+            if run is not None:
                 with env(VLLM_USE_BYTECODE_HOOK=hook or "1"), torch.inference_mode(), \
                         set_forward_context(md, lm.model.static_forward_context):
                     for _ in range(3):
@@ -174,10 +183,13 @@ def overhead_child(spec: dict) -> dict:
 
 
 def bench_overhead(q: bool) -> dict:
-    base = {"layers": 2, "backend": "eager" if q else "inductor", "sizes": [1, 2] if q else [1, 2, 3, 4],
+    base = {"layers": 2, "backend": "eager" if q else "inductor", "sizes": [1, 2] if q
+            else [1, 2, 3, 4],
             "rounds": 3 if q else 15, "calls": 10 if q else 40}
-    groups = [["eager", "bytecode_hook", "bytecode_hook_direct", "vllm_bytecode_hook", "vllm_direct", "stock",
-               "stock_direct"], ["eager", "bytecode_hook", "bytecode_hook_direct", "dynamo_no_guards"]]
+    groups = [["eager", "bytecode_hook", "bytecode_hook_direct", "vllm_bytecode_hook",
+               "vllm_direct", "stock",
+               "stock_direct"], ["eager", "bytecode_hook", "bytecode_hook_direct",
+                                 "dynamo_no_guards"]]
     runs = [run_in_fresh_process(overhead_child, {**base, "variants": g}) for g in groups]
     _threads_used.add(1)  # what overhead_child runs on
     sizes = [str(n) for n in base["sizes"]]
@@ -191,19 +203,23 @@ def bench_overhead(q: bool) -> dict:
              "vllm_bytecode_hook": over(runs[0], "vllm_bytecode_hook", "vllm_direct"),
              "dynamo_no_guards": over(runs[1], "dynamo_no_guards", "bytecode_hook_direct")}
 
-    def ratio(src: dict, a: str, b: str) -> float | None:  # median over sizes of the ratio of medians
+    # median over sizes of the ratio of medians
+    def ratio(src: dict, a: str, b: str) -> float | None:
         # an overhead can measure at or below zero on a busy machine (it is a difference of two
         # timings): then there is no ratio to report, and a target made of it fails
         if any(src[x][n]["median"] <= 0 for x in (a, b) for n in sizes):
             return None
         return statistics.median(src[a][n]["median"] / src[b][n]["median"] for n in sizes)
 
-    return {"config": base, "groups": groups, "per_call_us": total[0], "per_call_us_second_process": total[1],
+    return {"config": base, "groups": groups, "per_call_us": total[0],
+            "per_call_us_second_process": total[1],
             "overhead_above_direct_us": extra,
             "ratios": {"bytecode_hook_vs_stock_overhead": ratio(extra, "bytecode_hook", "stock"),
                        "bytecode_hook_vs_stock_call": ratio(total[0], "bytecode_hook", "stock"),
-                       "vllm_hook_vs_direct_call": ratio(total[0], "vllm_bytecode_hook", "vllm_direct"),
-                       "dynamo_no_guards_vs_bytecode_hook_call": ratio(total[1], "dynamo_no_guards", "bytecode_hook"),
+                       "vllm_hook_vs_direct_call": ratio(total[0], "vllm_bytecode_hook",
+                                                         "vllm_direct"),
+                       "dynamo_no_guards_vs_bytecode_hook_call": ratio(total[1], "dynamo_no_guards",
+                                                                       "bytecode_hook"),
                        "stock_vs_eager_call": ratio(total[0], "stock", "eager")}}
 
 
@@ -232,10 +248,12 @@ def bench_fix_functionalization(q: bool) -> dict:
     layers, n, rounds, k = (1, 8, 3, 5) if q else (2, 16, 15, 30)
     lms, res = {}, {"backend": "eager" if q else "inductor"}  # eager: no generated code to count
     for on in (True, False):
-        lm = build(M.VLLM_COMPILE, layers, backend=res["backend"], compile_sizes=[n], pass_config=PassConfig(enable_fix_functionalization=on))
+        lm = build(M.VLLM_COMPILE, layers, backend=res["backend"], compile_sizes=[n],
+                   pass_config=PassConfig(enable_fix_functionalization=on))
         entries = lm.model.backend.compiler_manager.entries
         lms[on] = lm
-        res["on" if on else "off"] = {"code": code_stats([c for e in entries if e.compile_range.is_single_size()
+        res["on" if on else "off"] = {"code": code_stats([c for e in entries
+                                                          if e.compile_range.is_single_size()
                                                            for c in e.code], n),
                                       "compile_s": sum(e.seconds for e in entries)}
     times = step_times(lms, n, rounds, k)
@@ -251,7 +269,8 @@ def step_times(lms: dict, n: int, rounds: int, k: int) -> dict:
     setups = {}
     for key, lm in lms.items():
         md = lm.metadata([n], [n], [0], lm.allocate_caches([n]))
-        setups[key] = (lm, torch.zeros(n, dtype=torch.long, device=DEVICE), torch.arange(n, device=DEVICE), md)
+        setups[key] = (lm, torch.zeros(n, dtype=torch.long, device=DEVICE),
+                       torch.arange(n, device=DEVICE), md)
     times = {key: [] for key in lms}
     order = list(lms)
     set_threads(1)
@@ -273,19 +292,24 @@ def step_times(lms: dict, n: int, rounds: int, k: int) -> dict:
 # --- 3b. fusion passes on vs off ------------------------------------------------------------------
 
 def bench_fusion(q: bool) -> dict:
-    """Each fusion pass on its model, fused vs not: the calls and kernels in the generated code of the
-    decode-sized entry, and the step time. --quick: the QK-norm + RoPE fusion on a 1-layer hybrid."""
+    """Each fusion pass on its model, fused vs not: the calls and kernels in the generated code of
+    the decode-sized entry, and the step time. --quick: the QK-norm + RoPE
+    fusion on a 1-layer hybrid."""
     from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
     from minivllm_compile.models import build_model, load_model
 
     n, rounds, k = (4, 2, 3) if q else (4, 15, 30)
-    # with the FX graph cache off, standalone_compile warns that it has nothing to save: expected here
+    # with the FX graph cache off, standalone_compile warns that it has
+    # nothing to save: expected here
     logging.getLogger("torch._inductor.standalone_compile").setLevel(logging.ERROR)
-    cases = {"qk_norm_rope": (lambda cc: build_model("hybrid", num_layers=2, compilation_config=cc, device=DEVICE)
-                              if q else load_model("tiny-hybrid", compilation_config=cc, device=DEVICE),
+    cases = {"qk_norm_rope": (lambda cc: build_model("hybrid", num_layers=2,
+                                                     compilation_config=cc, device=DEVICE)
+                              if q else load_model("tiny-hybrid", compilation_config=cc,
+                                                   device=DEVICE),
                               {"enable_qk_norm_rope_fusion": True})}
     if not q:
-        cases["fp8_norm_act_quant"] = (lambda cc: load_model("tiny-llama-fp8", compilation_config=cc, device=DEVICE),
+        cases["fp8_norm_act_quant"] = (lambda cc: load_model("tiny-llama-fp8",
+                                                             compilation_config=cc, device=DEVICE),
                                        {"fuse_norm_quant": True, "fuse_act_quant": True})
     res = {"num_tokens": n}
     for name, (make, flags) in cases.items():
@@ -294,17 +318,22 @@ def bench_fusion(q: bool) -> dict:
             # the norms the fusion leaves lowered to vllm_c: custom-op calls, counted like the
             # fused op (native ones would become Inductor's kernels, another column)
             kernels = KernelConfig(IrOpPriorityConfig.with_default(["vllm_c", "native"]))
-            cc = CompilationConfig(mode=M.VLLM_COMPILE, compile_sizes=[n], max_num_batched_tokens=64,
-                                   pass_config=PassConfig(**(flags if fused else {})), kernel_config=kernels,
-                                   inductor_compile_config={"fx_graph_cache": False})  # a hit would skip the passes
+            cc = CompilationConfig(mode=M.VLLM_COMPILE, compile_sizes=[n],
+                                   max_num_batched_tokens=64,
+                                   pass_config=PassConfig(**(flags if fused else {})),
+                                   kernel_config=kernels,
+                                   # a hit would skip the passes
+                                   inductor_compile_config={"fx_graph_cache": False})
             lm = lms[fused] = make(cc)
             lm.warmup()
-            codes = [c for e in lm.model.backend.compiler_manager.entries if e.compile_range.is_single_size()
+            codes = [c for e in lm.model.backend.compiler_manager.entries
+                     if e.compile_range.is_single_size()
                      for c in e.code]
             row["fused" if fused else "unfused"] = {"code": code_stats(codes, n)}
         times = step_times(lms, n, rounds, k)
         row["fused"]["step_us"], row["unfused"]["step_us"] = stats(times[True]), stats(times[False])
-        row["ratio_unfused_vs_fused_step"] = row["unfused"]["step_us"]["median"] / row["fused"]["step_us"]["median"]
+        row["ratio_unfused_vs_fused_step"] = (row["unfused"]["step_us"]["median"]
+                                              / row["fused"]["step_us"]["median"])
         res[name] = row
     return res
 
@@ -317,11 +346,13 @@ def bench_compile_scaling(q: bool) -> dict:
     if q:
         return {"skipped": SKIP}
     def cold(layers: int, sizes: list[int], endpoints: list[int]) -> dict:
-        with tempfile.TemporaryDirectory() as tmp:  # fresh process, empty Inductor and compile caches
+        # fresh process, empty Inductor and compile caches
+        with tempfile.TemporaryDirectory() as tmp:
             r = run_start(f"{tmp}/vllm", f"{tmp}/inductor", {"layers": layers, "sizes": sizes,
                           "endpoints": endpoints, "max": 64}, {"VLLM_USE_AOT_COMPILE": "0"})
         c = r["counters"]
-        # num_unique_compiles: the compiles that ran (num_inductor_compiles counts each piece, as vLLM)
+        # num_unique_compiles: the compiles that ran (num_inductor_compiles
+        # counts each piece, as vLLM)
         return {"first_call_s": r["first_call_s"], "num_unique_compiles": c["num_unique_compiles"],
                 "num_inductor_compiles": c["num_inductor_compiles"],
                 "num_backend_compilations": c["num_backend_compilations"]}
@@ -331,14 +362,16 @@ def bench_compile_scaling(q: bool) -> dict:
     by_layers = []
     for L in layer_pts:  # the two ends (the target's ratio) twice, the middle once
         runs = [cold(L, [], []) for _ in range(2 if L in (layer_pts[0], layer_pts[-1]) else 1)]
-        by_layers.append({"layers": L, "wall_s": stats([x["first_call_s"] for x in runs]), **runs[0]})
+        by_layers.append({"layers": L, "wall_s": stats([x["first_call_s"] for x in runs]),
+                          **runs[0]})
     by_sizes = [{"sizes": [], "endpoints": [], **by_layers[1]}]
     for sizes, endpoints in size_pts:
         x = cold(2, sizes, endpoints)
-        by_sizes.append({"sizes": sizes, "endpoints": endpoints, "wall_s": stats([x["first_call_s"]]), **x})
+        by_sizes.append({"sizes": sizes, "endpoints": endpoints,
+                         "wall_s": stats([x["first_call_s"]]), **x})
     w = {p["layers"]: p["wall_s"]["median"] for p in by_layers}
-    return {"note": "cold: each point a fresh process with empty Inductor and compile caches; wall = first "
-                    "call (Dynamo trace + split + Inductor); max_num_batched_tokens=64",
+    return {"note": "cold: each point a fresh process with empty Inductor and compile caches; wall "
+                    "= first call (Dynamo trace + split + Inductor); max_num_batched_tokens=64",
             "by_layers": by_layers, "by_sizes_2_layers": by_sizes,
             "ratio_max_vs_1_layer": w[max(w)] / w[1]}
 
@@ -358,8 +391,10 @@ def bench_generate(q: bool) -> dict:
     # plain-torch layers to fuse; "vllm_compile_custom_ops" keeps the opaque ops, for comparison
     native = {"custom_ops": ["none"]}
     variants = {"eager": build(M.NONE, 2, max_tokens=256),
-                "dynamo_trace_once": build(M.DYNAMO_TRACE_ONCE, 2, backend=be, max_tokens=256, **native),
-                "vllm_compile": build(M.VLLM_COMPILE, 2, backend=be, max_tokens=256, compile_sizes=[nprompt],
+                "dynamo_trace_once": build(M.DYNAMO_TRACE_ONCE, 2, backend=be,
+                                           max_tokens=256, **native),
+                "vllm_compile": build(M.VLLM_COMPILE, 2, backend=be, max_tokens=256,
+                                      compile_sizes=[nprompt],
                                       **native),
                 "vllm_compile_custom_ops": build(M.VLLM_COMPILE, 2, backend=be, max_tokens=256,
                                                  compile_sizes=[nprompt])}
@@ -393,23 +428,29 @@ def bench_generate(q: bool) -> dict:
             s = samples[name]
             s["prefill"].append(log[0][0] / log[0][1])
             dec = log[1:]
-            s["decode"].append(sum(t for t, _ in dec) / sum(x for _, x in dec) if dec else float("nan"))
+            s["decode"].append(sum(t for t, _ in dec) / sum(x for _, x in dec) if dec
+                               else float("nan"))
             new = sum(t for t, _ in dec) + nprompt  # the prefill samples one token per sequence
             s["e2e"].append(new / wall)
             s["new_tokens"].append(new)
     res = {k: {"prefill_tok_s": stats(v["prefill"]), "decode_tok_s": stats(v["decode"]),
-               "generate_new_tok_s": stats(v["e2e"]), "new_tokens": v["new_tokens"][0]} for k, v in samples.items()}
+               "generate_new_tok_s": stats(v["e2e"]), "new_tokens": v["new_tokens"][0]}
+           for k, v in samples.items()}
     d = {k: v["decode_tok_s"]["median"] for k, v in res.items()}
-    return {"config": {"prompts": nprompt, "prompt_tokens": plen, "max_new_tokens": steps, "repeats": reps,
-                       "backend": be, "vllm_compile_sizes": [nprompt], "threads": torch.get_num_threads()},
-            "custom_ops": {"compiled modes": ["none"], "eager and vllm_compile_custom_ops": ["all"]},
+    return {"config": {"prompts": nprompt, "prompt_tokens": plen, "max_new_tokens": steps,
+                       "repeats": reps,
+                       "backend": be, "vllm_compile_sizes": [nprompt],
+                       "threads": torch.get_num_threads()},
+            "custom_ops": {"compiled modes": ["none"],
+                           "eager and vllm_compile_custom_ops": ["all"]},
             "modes": res, "decode_ratio_vllm_vs_eager": d["vllm_compile"] / d["eager"],
             "decode_ratio_vllm_vs_stock": d["vllm_compile"] / d["stock"],
             # the same ratios round by round (the modes run back to back in each round): their
             # spread says whether a ratio near 1 is a difference or a tie
-            "decode_ratio_per_round": {other: stats([v / o for v, o in zip(samples["vllm_compile"]["decode"],
-                                                                          samples[other]["decode"])])
-                                       for other in ("eager", "stock")}}
+            "decode_ratio_per_round": {
+                other: stats([v / o for v, o in zip(samples["vllm_compile"]["decode"],
+                                                    samples[other]["decode"])])
+                for other in ("eager", "stock")}}
 
 
 # --- 6. CUDA-graph modes (bench_cudagraph.py) ---------------------------------------------------
@@ -435,22 +476,30 @@ def targets(r: dict) -> list[dict]:
 
     def check(name: str, value: float | None, op: str, limit: float, why: str) -> None:
         if value is None:  # a median overhead <= 0: nothing measured to compare
-            ok, why = False, why + "; not measured: a median overhead came out <= 0 (a busy machine?), rerun"
+            ok, why = (False, why + "; not measured: a median overhead came out <= "
+                                    "0 (a busy machine?), rerun")
         else:
             ok = value <= limit if op == "<=" else value >= limit
-        out.append({"target": name, "value": value, "op": op, "limit": limit, "pass": ok, "measured": why})
+        out.append({"target": name, "value": value, "op": op, "limit": limit, "pass": ok,
+                    "measured": why})
 
     if "ratios" in r.get("overhead", {}):
         o = r["overhead"]["ratios"]
-        check("bytecode-hook overhead / stock torch.compile overhead", o["bytecode_hook_vs_stock_overhead"], "<=",
-              0.7, "each call minus its own compiled callable called directly; TRACE_ONCE hook on vs STOCK")
-        check("vLLM bytecode-hook call / direct stitched callable", o["vllm_hook_vs_direct_call"], "<=", 1.1,
+        check("bytecode-hook overhead / stock torch.compile overhead",
+              o["bytecode_hook_vs_stock_overhead"], "<=",
+              0.7, "each call minus its own compiled callable called directly; "
+                   "TRACE_ONCE hook on vs STOCK")
+        check("vLLM bytecode-hook call / direct stitched callable", o["vllm_hook_vs_direct_call"],
+              "<=", 1.1,
               "VLLM_COMPILE through the wrapper vs backend.split_gm(*args)")
     if "aot_speedup_vs_cold" in r.get("startup", {}):
-        check("cold compile / AOT load", r["startup"]["aot_speedup_vs_cold"], ">=", 10.0, "first-call s, fresh processes")
+        check("cold compile / AOT load", r["startup"]["aot_speedup_vs_cold"], ">=", 10.0,
+              "first-call s, fresh processes")
     if "process_speedup_vs_cold" in r.get("startup", {}):
-        check("cold process / warm (AOT-loading) process", r["startup"]["process_speedup_vs_cold"], ">=", 8.0,
-              "whole process, s from its spawn to the first logits: imports, build, load or compile, first call")
+        check("cold process / warm (AOT-loading) process", r["startup"]["process_speedup_vs_cold"],
+              ">=", 8.0,
+              "whole process, s from its spawn to the first logits: imports, build, "
+              "load or compile, first call")
     if "by_layers" in r.get("compile_scaling", {}):
         c = r["compile_scaling"]
         check(f"compile wall {max(p['layers'] for p in c['by_layers'])} layers / 1 layer",
@@ -458,39 +507,49 @@ def targets(r: dict) -> list[dict]:
     if "modes" in r.get("generate", {}):
         g = r["generate"]
         # "no slower": decode tokens/s of VLLM_COMPILE at least that of the other mode
-        for other, key in (("eager", "decode_ratio_vllm_vs_eager"), ("STOCK", "decode_ratio_vllm_vs_stock")):
+        for other, key in (("eager", "decode_ratio_vllm_vs_eager"),
+                           ("STOCK", "decode_ratio_vllm_vs_stock")):
             spread = g.get("decode_ratio_per_round", {}).get(other.lower())
             rounds = f", per round {spread['min']:.2f}-{spread['max']:.2f}" if spread else ""
-            check(f"VLLM_COMPILE decode tok/s / {other}", g[key], ">=", 1.0, f"generate() decode steps{rounds}")
+            check(f"VLLM_COMPILE decode tok/s / {other}", g[key], ">=", 1.0,
+                  f"generate() decode steps{rounds}")
     return out
 
 
-BENCHES = {"overhead": bench_overhead, "startup": bench_startup, "fix_functionalization": bench_fix_functionalization,
-           "fusion": bench_fusion, "compile_scaling": bench_compile_scaling, "generate": bench_generate,
+BENCHES = {"overhead": bench_overhead, "startup": bench_startup,
+           "fix_functionalization": bench_fix_functionalization,
+           "fusion": bench_fusion, "compile_scaling": bench_compile_scaling,
+           "generate": bench_generate,
            "cuda_graphs": bench_cuda_graphs, "ir_priority": bench_ir_priority}
 NAMES = list(BENCHES)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m minivllm_compile.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m minivllm_compile.bench",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench_out", help="folder for bench.json and the plots")
-    ap.add_argument("--quick", action="store_true", help="tiny configuration (seconds; numbers meaningless)")
+    ap.add_argument("--quick", action="store_true", help="tiny configuration (seconds; numbers "
+                                                         "meaningless)")
     ap.add_argument("--only", nargs="+", choices=NAMES, help="run only these benchmarks")
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="minivllm_bench_")
-    # in-process models: no AOT (the bytecode hook is what is measured), nothing read from or saved to
-    # a compile cache, a fresh Inductor cache (children of startup/compile_scaling set their own)
-    os.environ.update(VLLM_USE_AOT_COMPILE="0", VLLM_DISABLE_COMPILE_CACHE="1", VLLM_CACHE_ROOT=f"{tmp}/vllm",
+    # in-process models: no AOT (the bytecode hook is what is measured), nothing read from or saved
+    # to a compile cache, a fresh Inductor cache (children of startup/compile_scaling set their own)
+    os.environ.update(VLLM_USE_AOT_COMPILE="0", VLLM_DISABLE_COMPILE_CACHE="1",
+                      VLLM_CACHE_ROOT=f"{tmp}/vllm",
                       TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor")
-    res: dict = {"meta": {"torch": torch.__version__, "device": DEVICE, "quick": a.quick, "cpus": os.cpu_count(),
-                          "python": sys.version.split()[0], "torch_default_threads": DEFAULT_THREADS,
+    res: dict = {"meta": {"torch": torch.__version__, "device": DEVICE, "quick": a.quick,
+                          "cpus": os.cpu_count(),
+                          "python": sys.version.split()[0],
+                          "torch_default_threads": DEFAULT_THREADS,
                           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
                  "seconds": {}, "torch_threads": {}}
-    print(f"[bench] torch threads: {DEFAULT_THREADS} by default here (OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}); a benchmark that times steps sets its own", flush=True)
+    print(f"[bench] torch threads: {DEFAULT_THREADS} by default here "
+          f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}); a benchmark "
+          "that times steps sets its own", flush=True)
     for name in a.only or NAMES:
         t0 = time.perf_counter()
         _threads_used.clear()
@@ -515,8 +574,8 @@ def main(argv: list[str] | None = None) -> dict:
         (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
     for t in res["targets"]:
         value = "-" if t["value"] is None else f"{t['value']:.3g}"
-        print(f"{'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {value} (target {t['op']} {t['limit']}; "
-              f"{t['measured']})")
+        print(f"{'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {value} (target {t['op']} "
+              f"{t['limit']}; {t['measured']})")
     print(f"wrote {out / 'bench.json'}")
     return res
 

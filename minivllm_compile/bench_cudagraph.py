@@ -19,9 +19,11 @@ import torch
 from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode
 
 # CUDA runtime / driver calls that put work on the GPU (the profiler's cuda_runtime events)
-LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
+                "cudaGraphLaunch")
 
-MODES = {"eager": None, "vllm_compile_no_graphs": CUDAGraphMode.NONE, "piecewise": CUDAGraphMode.PIECEWISE,
+MODES = {"eager": None, "vllm_compile_no_graphs": CUDAGraphMode.NONE,
+         "piecewise": CUDAGraphMode.PIECEWISE,
          "full": CUDAGraphMode.FULL, "full_and_piecewise": CUDAGraphMode.FULL_AND_PIECEWISE}
 
 
@@ -45,18 +47,24 @@ def launches_per_step(step, device: str) -> dict:
             hit = e.cpu_parent is None and not e.name.startswith(("ProfilerStep", "[memory]"))
         if hit:
             counts[e.name] = counts.get(e.name, 0) + 1
-    return {"what": "CUDA launch calls" if device == "cuda" else "top-level operator calls (a CPU launches nothing)",
-            "total": sum(counts.values()), "by_name": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:12])}
+    return {"what": "CUDA launch calls" if device == "cuda"
+            else "top-level operator calls (a CPU launches nothing)",
+            "total": sum(counts.values()),
+            "by_name": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:12])}
 
 
-def build_variant(mode: CUDAGraphMode | None, device: str, backend: str, batch: int, max_tokens: int):
-    """tiny-llama (2 layers, seeded) under `mode`, compiled and its graphs captured, as vLLM starts."""
+def build_variant(mode: CUDAGraphMode | None, device: str, backend: str, batch: int,
+                  max_tokens: int):
+    """tiny-llama (2 layers, seeded) under `mode`, compiled and its graphs
+    captured, as vLLM starts."""
     from minivllm_compile.models import build_model
 
     if mode is None:
         return build_model("llama", num_layers=2, device=device)
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend=backend, max_num_batched_tokens=max_tokens,
-                           compile_sizes=[batch], cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2, 4, 8],
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend=backend,
+                           max_num_batched_tokens=max_tokens,
+                           compile_sizes=[batch], cudagraph_mode=mode,
+                           cudagraph_capture_sizes=[1, 2, 4, 8],
                            custom_ops=["none"])
     lm = build_model("llama", num_layers=2, compilation_config=cc, device=device)
     lm.warmup()
@@ -65,7 +73,8 @@ def build_variant(mode: CUDAGraphMode | None, device: str, backend: str, batch: 
 
 def bench_cuda_graphs(q: bool, device: str, sync, stats) -> dict:
     """Per mode: µs per decode step of `batch` sequences (medians over rounds run in alternating
-    order, one thread), the launches (or operator calls) in one step, and the mode it resolved to."""
+    order, one thread), the launches (or operator calls) in one step, and
+    the mode it resolved to."""
     batch, ctx, rounds, k = (4, 8, 2, 3) if q else (4, 24, 15, 20)
     backend = "eager" if q else "inductor"
     lms, res = {}, {"config": {"batch": batch, "context": ctx, "backend": backend, "device": device,
@@ -73,7 +82,8 @@ def bench_cuda_graphs(q: bool, device: str, sync, stats) -> dict:
     for name, mode in MODES.items():
         try:
             lms[name] = build_variant(mode, device, backend, batch, 64)
-        except ValueError as e:  # a mode the attention op cannot be captured in: vLLM refuses it too
+        # a mode the attention op cannot be captured in: vLLM refuses it too
+        except ValueError as e:
             res["modes"][name] = {"refused": str(e)}
             continue
         cc = lms[name].model.compilation_config if mode is not None else None
@@ -87,9 +97,11 @@ def bench_cuda_graphs(q: bool, device: str, sync, stats) -> dict:
         ids = torch.zeros(batch, dtype=torch.long, device=device)
         pos = torch.full((batch,), ctx, dtype=torch.long, device=device)
         steps[name] = (lambda lm=lm, ids=ids, pos=pos, md=md: lm.forward_step(ids, pos, md))
-        outs[name] = steps[name]().float().cpu()  # .cpu() copies: a static output is overwritten later
+        # .cpu() copies: a static output is overwritten later
+        outs[name] = steps[name]().float().cpu()
     for name in lms:
-        res["modes"][name]["max_abs_diff_vs_eager"] = float((outs[name] - outs["eager"]).abs().max())
+        res["modes"][name]["max_abs_diff_vs_eager"] = float(
+            (outs[name] - outs["eager"]).abs().max())
         res["modes"][name]["launches_per_step"] = launches_per_step(steps[name], device)
     times = {name: [] for name in lms}
     order = list(lms)
@@ -117,7 +129,8 @@ def bench_cuda_graphs(q: bool, device: str, sync, stats) -> dict:
         if "refused" in row:
             print(f"[bench] cuda_graphs {name:>20}: refused: {row['refused']}")
             continue
-        print(f"[bench] cuda_graphs {name:>20} ({row['resolved']}): {row['step_us']['median']:8.0f} µs/step, "
-              f"{row['launches_per_step']['total']:4d} {row['launches_per_step']['what']}, "
-              f"max |diff| vs eager {row['max_abs_diff_vs_eager']:.1e}")
+        print(f"[bench] cuda_graphs {name:>20} ({row['resolved']}): "
+              f"{row['step_us']['median']:8.0f} µs/step, {row['launches_per_step']['total']:4d} "
+              f"{row['launches_per_step']['what']}, max |diff| vs eager "
+              f"{row['max_abs_diff_vs_eager']:.1e}")
     return res

@@ -57,7 +57,8 @@ def sha(text: str, n: int = 10) -> str:
 # compiler and compiles afresh. A display-only helper belongs in one of these, never in a module of
 # the compiler.
 NOT_COMPILER = frozenset({"viz", "exercises", "models", "bench.py", "bench_cudagraph.py",
-                          "bench_plots.py", "compare_modes.py", "launch.py", "startup.py", "tour.py"})
+                          "bench_plots.py", "compare_modes.py", "launch.py",
+                          "startup.py", "tour.py"})
 
 
 def compiler_files(package: Path) -> list[Path]:
@@ -77,7 +78,8 @@ def compiler_source_hash() -> str:
     package = Path(__file__).resolve().parent
     # shipped as minivllm_compile.kernels from the repository's kernels/ (an editable install keeps
     # it there): find it without importing it
-    kernels = Path(importlib.util.find_spec("minivllm_compile.kernels").submodule_search_locations[0]).resolve()
+    kernels = Path(importlib.util.find_spec(
+        "minivllm_compile.kernels").submodule_search_locations[0]).resolve()
     h = source_hash(compiler_files(package), package)
     if kernels != package / "kernels":
         h = sha(h + source_hash(sorted(kernels.glob("*.py")), kernels), 16)

@@ -61,7 +61,8 @@ def model_signature(module: torch.nn.Module) -> str:
     except (OSError, TypeError):  # python -c, exec: the AOT save refuses such code (aot.py)
         written = str(forward.__code__.co_firstlineno)
     rows = [f"{cls.__module__}.{cls.__qualname__}:{written}"]
-    rows += [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}" for n, p in module.named_parameters()]
+    rows += [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}"
+             for n, p in module.named_parameters()]
     rows += [f"{n}:{tuple(b.shape)}:{b.dtype}:{b.device.type}" for n, b in module.named_buffers()]
     return sha("\n".join(rows), 16)
 
@@ -93,23 +94,28 @@ def _constant(value: Any, _seen: frozenset = frozenset(), _in_object: bool = Fal
         return repr(value)  # nan and inf too, and no rounding
     if isinstance(value, (torch.dtype, torch.device)):
         return str(value)
-    if isinstance(value, (torch.Tensor, torch.nn.Module, type)) or callable(value) or id(value) in _seen:
+    if isinstance(value, (torch.Tensor, torch.nn.Module,
+                          type)) or callable(value) or id(value) in _seen:
         return _SKIP
     seen = _seen | {id(value)}  # the path down to here: a value that refers back to itself is cut
     if isinstance(value, (tuple, list)):
         items = [None if v is None else _constant(v, seen, _in_object) for v in value]
         return _SKIP if any(i is _SKIP for i in items) else items
     if isinstance(value, dict):
-        items = {str(k): None if v is None else _constant(v, seen, _in_object) for k, v in value.items()}
+        items = {str(k): None if v is None else _constant(v, seen, _in_object)
+                 for k, v in value.items()}
         return {k: v for k, v in items.items() if v is not _SKIP}
     if dataclasses.is_dataclass(value):
-        fields = {f.name: _constant(getattr(value, f.name), seen, _in_object) for f in dataclasses.fields(value)}
+        fields = {f.name: _constant(getattr(value, f.name), seen, _in_object)
+                  for f in dataclasses.fields(value)}
         return {k: v for k, v in fields.items() if v is not _SKIP}
     if hasattr(value, "__dict__"):  # a plain object: its type and its public attributes
         if _in_object:
             return f"<{type(value).__qualname__}>"
-        fields = {k: _constant(v, seen, True) for k, v in vars(value).items() if not k.startswith("_")}
-        return {"__type__": type(value).__qualname__, **{k: v for k, v in fields.items() if v is not _SKIP}}
+        fields = {k: _constant(v, seen, True) for k, v in vars(value).items()
+                  if not k.startswith("_")}
+        return {"__type__": type(value).__qualname__,
+                **{k: v for k, v in fields.items() if v is not _SKIP}}
     return _SKIP
 
 
@@ -149,7 +155,8 @@ def passes_uuid(cc: CompilationConfig) -> str | None:
 def inductor_config_hash() -> str:
     import torch._inductor.config as inductor_config
 
-    return sha(str(inductor_config.save_config_portable()) if hasattr(inductor_config, "save_config_portable")
+    return sha(str(inductor_config.save_config_portable())
+               if hasattr(inductor_config, "save_config_portable")
                else repr(sorted(inductor_config.get_config_copy().items(), key=str)), 16)
 
 
@@ -175,7 +182,8 @@ def parallel_factor() -> dict[str, int] | None:
 def compile_factors(cc: CompilationConfig) -> dict[str, Any]:
     """The factors that do not depend on the model: how it is compiled, and by what, and on how
     many ranks ("parallel", from TP=2 on)."""
-    factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(), "torch": torch.__version__,
+    factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(),
+               "torch": torch.__version__,
                "inductor_config": inductor_config_hash(), "compiler": compiler_source_hash(),
                "passes": passes_uuid(cc)}
     parallel = parallel_factor()

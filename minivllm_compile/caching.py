@@ -3,11 +3,12 @@
 Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
 
     torch_aot_compile/<aot hash>/rank_0_0/model     the whole compiled forward (torch's AOT format);
-                                                    with VLLM_USE_MEGA_AOT_ARTIFACT (the default) the
-                                                    pieces' artifacts are inside it. Our part of it
-                                                    carries its SHA-256 and its record of what it was
-                                                    built for (key, model, traced sources and values:
-                                                    aot.py, traced_state.py), checked on load
+                                                    with VLLM_USE_MEGA_AOT_ARTIFACT (the default)
+                                                    the pieces' artifacts are inside it. Our part of
+                                                    it carries its SHA-256 and its record of what it
+                                                    was built for (key, model, traced sources and
+                                                    values: aot.py, traced_state.py), checked on
+                                                    load
     <backend hash>/rank_0_0/<tag>/                  what VllmBackend wrote for that model:
         cache_key_factors.json                      every factor of <backend hash>
         computation_graph.py                        the split graph, readable
@@ -17,9 +18,10 @@ Layout under VLLM_CACHE_ROOT/torch_compile_cache/ (as vLLM lays it):
                                                     load): both only with AOT on and
                                                     VLLM_USE_MEGA_AOT_ARTIFACT=0
     <backend hash>/rank_0_0/inductor_cache/, triton_cache/
-                                                    Inductor's and Triton's own caches, moved here by
-                                                    the compile_fx adaptor (VLLM_USE_STANDALONE_COMPILE=0)
-                                                    and by the standalone one with VLLM_USE_AOT_COMPILE=0
+                                                    Inductor's and Triton's own caches, moved here
+                                                    by the compile_fx adaptor
+                                                    (VLLM_USE_STANDALONE_COMPILE=0) and by the
+                                                    standalone one with VLLM_USE_AOT_COMPILE=0
 
 rank_0_0 is a single process's folder; under tensor parallelism each rank has its own,
 rank_{rank}_{dp_rank} (vLLM's name; dp_rank is always 0 here), below the hash all ranks share: the
@@ -80,7 +82,8 @@ def compile_cache_enabled(cc: CompilationConfig) -> bool:
 
 def use_aot_compile(cc: CompilationConfig) -> bool:
     """VLLM_USE_AOT_COMPILE applies to VLLM_COMPILE with Inductor through standalone_compile."""
-    if not (envs.VLLM_USE_AOT_COMPILE and cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"):
+    if not (envs.VLLM_USE_AOT_COMPILE and cc.mode == CompilationMode.VLLM_COMPILE
+            and cc.backend == "inductor"):
         return False
     if not envs.VLLM_USE_STANDALONE_COMPILE:
         # The compile_fx adaptor saves no artifact of its own, so a saved forward would point at
@@ -93,9 +96,10 @@ def use_aot_compile(cc: CompilationConfig) -> bool:
 
 @functools.cache  # once per process
 def _warn_aot_needs_standalone() -> None:
-    logger.warning("VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0: the AOT artifact "
-                   "needs standalone_compile's artifacts. Each start traces again, and Inductor finds "
-                   "what it compiled in its FX graph cache under the compile cache directory.")
+    logger.warning("VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0: the "
+                   "AOT artifact needs standalone_compile's artifacts. Each start traces "
+                   "again, and Inductor finds what it compiled in its FX graph cache under "
+                   "the compile cache directory.")
 
 
 # --- the backend's serializable result ----------------------------------------------------------
@@ -122,13 +126,15 @@ class VllmSerializableFunction(SerializableCallable):
         sym_input = next((i for i in example_inputs if isinstance(i, torch.SymInt)), None)
         self.shape_env = sym_input.node.shape_env if sym_input is not None else None
         self.compilation_config = compilation_config
-        self.pieces = pieces  # [{"submod": name, "index": i, "sym_shape_indices": [...], "entries": {...}}]
+        # [{"submod": name, "index": i, "sym_shape_indices": [...], "entries": {...}}]
+        self.pieces = pieces
         self.cache_dir = cache_dir
         self.save_format = save_format
         # the backend that built it (the pieces know it), as vLLM's holds vllm_backend: the
         # non-mega save needs its Dynamo graph. None for a loaded one.
         self.vllm_backend = next((m.vllm_backend for m in vars(split_gm).values()
-                                  if isinstance(m, PiecewiseBackend) and m.vllm_backend is not None), None)
+                                  if isinstance(m, PiecewiseBackend)
+                                  and m.vllm_backend is not None), None)
         self._pending: tuple | None = None  # a non-mega load, until finalize_loading
         if compilation_config.enable_layerwise_nvtx_tracing:  # seed §12: not saved, so added here
             from minivllm_compile.nvtx import add_stitching_ranges
@@ -143,8 +149,9 @@ class VllmSerializableFunction(SerializableCallable):
 
     def __call__(self, *args: Any) -> Any:
         if self._pending is not None:
-            raise RuntimeError("a VllmSerializableFunction loaded without the mega artifact runs its backend "
-                               "first: call finalize_loading (aot._try_load_aot_compiled_fn does)")
+            raise RuntimeError("a VllmSerializableFunction loaded without the mega artifact runs "
+                               "its backend first: call finalize_loading "
+                               "(aot._try_load_aot_compiled_fn does)")
         return self.split_gm(*args)
 
     @classmethod
@@ -163,8 +170,8 @@ class VllmSerializableFunction(SerializableCallable):
                          config=pickle.dumps(fn.compilation_config), pieces=pieces, artifacts=store)
         else:
             if fn.vllm_backend is None or not fn.vllm_backend.graphs:
-                raise RuntimeError("without VLLM_USE_MEGA_AOT_ARTIFACT the Dynamo graph is saved, and this "
-                                   "function does not know it (was it loaded?)")
+                raise RuntimeError("without VLLM_USE_MEGA_AOT_ARTIFACT the Dynamo graph is saved, "
+                                   "and this function does not know it (was it loaded?)")
             state.update(graph=_pickle_graph(fn.vllm_backend.graphs[0], keep_inputs=True))
         payload = pickle.dumps(state)
         return pickle.dumps({"sha256": hashlib.sha256(payload).hexdigest(), "payload": payload})
@@ -209,14 +216,16 @@ class VllmSerializableFunction(SerializableCallable):
         from torch._guards import TracingContext, tracing
 
         gm, prefix, fake_mode = self._pending
-        backend = make_backend(compilation_config, prefix)  # a VllmBackend, from the module above this one
+        # a VllmBackend, from the module above this one
+        backend = make_backend(compilation_config, prefix)
         example_inputs = [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")]
         with tracing(TracingContext(fake_mode)), cpu_isa.remembered_probe():
             with fake_mode:
                 _ExampleValues(gm).run(*example_inputs)
             built = backend(gm, example_inputs)
         self._pending = None
-        self.split_gm, self.compilation_config, self.pieces = built.split_gm, compilation_config, built.pieces
+        self.split_gm, self.compilation_config, self.pieces = (built.split_gm,
+                                                               compilation_config, built.pieces)
         self.cache_dir, self.vllm_backend = built.cache_dir, backend
         self.shape_env = built.shape_env
 
@@ -281,18 +290,21 @@ def _piece_bytes(fn: VllmSerializableFunction) -> tuple[list[dict], dict[str, by
     """Each compiled piece with its entries' artifacts, as vLLM's StandaloneCompiledArtifacts keeps
     them: an entry names its artifact by the bytes' SHA-256, and the store holds each distinct
     artifact once (identical layers compile to one artifact; vLLM counts one save for it).
-    standalone_compile(aot=True) made them self-contained: no file of the backend's cache is needed."""
+    standalone_compile(aot=True) made them self-contained: no file of the
+    backend's cache is needed."""
     pieces, store = [], {}
     for p in fn.pieces:
         runnable = fn.split_gm.__dict__[p["submod"]]
-        backend = getattr(runnable, "runnable", runnable)  # under a profiler range (nvtx.RangeWrapper)
+        # under a profiler range (nvtx.RangeWrapper)
+        backend = getattr(runnable, "runnable", runnable)
         entries = {}
         for r, e in backend.range_entries.items():
             artifact = e.compiled.runnable
             if not hasattr(artifact, "serialize"):
-                raise RuntimeError(f"piece {p['index']} for {r} was not compiled for the mega artifact "
-                                   "(standalone_compile(aot=True)): VLLM_USE_MEGA_AOT_ARTIFACT changed "
-                                   "between compiling and saving?")
+                raise RuntimeError(f"piece {p['index']} for {r} was not compiled for the mega "
+                                   "artifact (standalone_compile(aot=True)): "
+                                   "VLLM_USE_MEGA_AOT_ARTIFACT changed between compiling and "
+                                   "saving?")
             data = artifact.serialize()
             digest = hashlib.sha256(data).hexdigest()
             if digest not in store:
@@ -303,7 +315,8 @@ def _piece_bytes(fn: VllmSerializableFunction) -> tuple[list[dict], dict[str, by
     return pieces, store
 
 
-def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict], store: dict[str, bytes]) -> None:
+def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict],
+                 store: dict[str, bytes]) -> None:
     """Put a PiecewiseBackend over each piece's loaded artifacts in the stitching graph; each
     distinct artifact is deserialized (and counted) once, as vLLM's load_all does."""
     from torch._inductor.standalone_compile import AOTCompiledArtifact

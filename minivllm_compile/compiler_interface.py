@@ -7,11 +7,12 @@ the AOT switches, as in vLLM 0.33:
 
     AOT on, mega artifact     compiled with aot=True: the artifact's bytes go into the AOT file
                               (caching.py); nothing is saved here, no handle
-    AOT on, no mega artifact  each artifact saved as <cache dir>/artifact_compile_range_<s>_<e>_subgraph_<i>;
-                              its handle goes into the CompilerManager's index, and `load` reads it back
+    AOT on, no mega artifact  each artifact saved as
+                              <cache dir>/artifact_compile_range_<s>_<e>_subgraph_<i>; its handle
+                              goes into the CompilerManager's index, and `load` reads it back
     AOT off                   nothing saved, no handle: Inductor's and Triton's own caches are moved
-                              into the compile cache (initialize_inductor_cache), so a second process
-                              traces again and every compile is a hit there
+                              into the compile cache (initialize_inductor_cache), so a second
+                              process traces again and every compile is a hit there
 
 InductorAdaptor goes
 through compile_fx; outside Dynamo there is no ShapeEnv to check the FX graph cache's guards
@@ -75,7 +76,8 @@ def initialize_inductor_cache(base_cache_dir: str) -> None:
     if any(c.isspace() for c in base_cache_dir):
         _warn_cache_dir_with_space(base_cache_dir)
         return
-    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor_cache"), ("TRITON_CACHE_DIR", "triton_cache")):
+    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor_cache"),
+                     ("TRITON_CACHE_DIR", "triton_cache")):
         path = os.path.join(base_cache_dir, sub)
         os.makedirs(path, exist_ok=True)
         os.environ[var] = path
@@ -87,9 +89,10 @@ def _warn_cache_dir_with_space(base_cache_dir: str) -> None:
     under a path with a space fails to compile (CppCompileError). vLLM moves the caches anyway."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    logger.warning("the compile cache's folder %r has a space in its path, which Inductor's C++ compile "
-                   "command cannot take: Inductor's own cache stays in %s (and Triton's where it is). "
-                   "Choose a VLLM_CACHE_ROOT without spaces to keep them in the compile cache.",
+    logger.warning("the compile cache's folder %r has a space in its path, which Inductor's "
+                   "C++ compile command cannot take: Inductor's own cache stays in %s (and "
+                   "Triton's where it is). Choose a VLLM_CACHE_ROOT without spaces to keep "
+                   "them in the compile cache.",
                    base_cache_dir, cache_dir())
 
 
@@ -102,14 +105,17 @@ class CompilerInterface:
     name = "base"
     cache_dir: str | None = None
 
-    def initialize_cache(self, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
-        """Told where this model's compile cache is (`<root>/<hash>/rank_{r}_{dp}/<prefix>`) before the
-        first compile; a compiler with a cache of its own may move it there."""
+    def initialize_cache(self, cache_dir: str, disable_cache: bool = False,
+                         prefix: str = "") -> None:
+        """Told where this model's compile cache is (`<root>/<hash>/rank_{r}_{dp}/<prefix>`) before
+        the first compile; a compiler with a cache of its own may move it there."""
         self.cache_dir = cache_dir
 
-    def compile(self, graph: fx.GraphModule, example_inputs: list, config: dict, compile_range: Range,
+    def compile(self, graph: fx.GraphModule, example_inputs: list, config: dict,
+                compile_range: Range,
                 key: str | None = None) -> tuple[Callable, tuple[str, str] | None]:
-        """The compiled graph, and a handle to find it again in a later process (None: no handle)."""
+        """The compiled graph, and a handle to find it again in a later
+        process (None: no handle)."""
         raise NotImplementedError
 
     def load(self, handle: tuple[str, str], graph: fx.GraphModule, example_inputs: list,
@@ -133,7 +139,8 @@ class InductorStandaloneAdaptor(CompilerInterface):
         self.use_aot_compile = use_aot_compile
         self.disable_cache = True
 
-    def initialize_cache(self, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
+    def initialize_cache(self, cache_dir: str, disable_cache: bool = False,
+                         prefix: str = "") -> None:
         """As vLLM's: with AOT compile off no artifact of ours is kept, so Inductor's own caches are
         what a later process finds: they move into the rank's directory."""
         super().initialize_cache(cache_dir, disable_cache, prefix)
@@ -152,7 +159,8 @@ class InductorStandaloneAdaptor(CompilerInterface):
         mega = self.use_mega_artifact()
         # aot=True: one bundled, self-contained callable whose bytes the AOT file can hold
         artifact = torch._inductor.standalone_compile(
-            graph, example_inputs, dynamic_shapes=dynamic, options={"config_patches": config}, aot=mega)
+            graph, example_inputs, dynamic_shapes=dynamic, options={"config_patches": config},
+            aot=mega)
         if not self.use_aot_compile or mega or self.disable_cache or key is None:
             return artifact, None
         return artifact, self._save(artifact, key)
@@ -167,7 +175,8 @@ class InductorStandaloneAdaptor(CompilerInterface):
             with locked(path.parent):  # two processes compiling the same model: one at a time
                 save_artifact(artifact, path, self.save_format)
         except OSError as e:  # read-only or full disk: keep going in memory
-            logger.warning("cannot save compiled artifacts to %s (%s); continuing in memory", self.cache_dir, e)
+            logger.warning("cannot save compiled artifacts to %s (%s); continuing in memory",
+                           self.cache_dir, e)
             self.disable_cache = True
             return None
         compilation_counter.num_compiled_artifacts_saved += 1
@@ -222,7 +231,8 @@ class AlwaysHitShapeEnv:
 class InductorAdaptor(CompilerInterface):
     name = "inductor"
 
-    def initialize_cache(self, cache_dir: str, disable_cache: bool = False, prefix: str = "") -> None:
+    def initialize_cache(self, cache_dir: str, disable_cache: bool = False,
+                         prefix: str = "") -> None:
         """As vLLM's InductorAdaptor: compile_fx keeps its graphs in Inductor's FX graph cache and
         Triton its kernels in Triton's: both move into the rank's cache directory, AOT or not."""
         super().initialize_cache(cache_dir, disable_cache, prefix)
@@ -238,7 +248,8 @@ class InductorAdaptor(CompilerInterface):
         # compile_fx rewrites the graph it is given (its output becomes a list): give it a copy,
         # the piece is compiled again for the next entry
         graph = fx.GraphModule(graph, copy.deepcopy(graph.graph))
-        with patch.object(FxGraphCache, "_get_shape_env", staticmethod(lambda: AlwaysHitShapeEnv())):
+        with patch.object(FxGraphCache, "_get_shape_env",
+                          staticmethod(lambda: AlwaysHitShapeEnv())):
             compiled = compile_fx(graph, example_inputs, config_patches=config)
         # no handle: what it compiled is found again by hash in Inductor's FX graph cache
         return (first_output(compiled) if single else compiled), None

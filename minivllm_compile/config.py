@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator
 
 DEFAULT_SPLITTING_OPS = ["minivllm::unified_attention_with_output", "minivllm::short_conv"]
-# the layers that can run as a custom op or as plain torch (vLLM's CustomOp: forward_cuda / forward_native)
+# the layers that can run as a custom op or as plain torch (vLLM's CustomOp:
+# forward_cuda / forward_native)
 CUSTOM_OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "quant_fp8")
 
 
@@ -26,8 +27,10 @@ class CUDAGraphMode(enum.Enum):
     NONE = 0
     PIECEWISE = 1  # a graph per compiled piece; the splitting ops (attention, conv) run eagerly
     FULL = 2  # one graph over the whole forward, attention included
-    FULL_DECODE_ONLY = (FULL, NONE)  # full graphs for uniform decode batches, nothing for mixed ones
-    FULL_AND_PIECEWISE = (FULL, PIECEWISE)  # full for uniform decode, piecewise for mixed (vLLM's default)
+    # full graphs for uniform decode batches, nothing for mixed ones
+    FULL_DECODE_ONLY = (FULL, NONE)
+    # full for uniform decode, piecewise for mixed (vLLM's default)
+    FULL_AND_PIECEWISE = (FULL, PIECEWISE)
 
     def separate_routine(self) -> bool:
         return isinstance(self.value, tuple)
@@ -116,8 +119,9 @@ class DynamicShapesConfig:
         for name in ("evaluate_guards", "assume_32_bit_indexing"):
             _require_bool("DynamicShapesConfig", name, getattr(self, name))
         if self.type == DynamicShapesType.UNBACKED and self.evaluate_guards:
-            raise ValueError("DynamicShapesConfig(type=UNBACKED, evaluate_guards=True): unbacked symbols "
-                             "add no shape guards to evaluate; use BACKED to look for specialisations")
+            raise ValueError("DynamicShapesConfig(type=UNBACKED, evaluate_guards=True): "
+                             "unbacked symbols add no shape guards to evaluate; use BACKED "
+                             "to look for specialisations")
 
 
 @functools.cache
@@ -161,10 +165,10 @@ class PassConfig:
     enable_fix_functionalization: bool = True
     eliminate_noops: bool = True  # remove no-op reshapes/slices before the other passes
     # vLLM's names: rms_norm (+ residual add) + static FP8 quant -> one op (RMSNormQuantFusionPass),
-    # silu_and_mul + static FP8 quant -> silu_and_mul_quant (ActivationQuantFusionPass), q/k RMSNorm +
-    # RoPE -> fused_qk_norm_rope (QKNormRoPEFusionPass). Off here, so that notebook 13 shows before
-    # and after; vLLM leaves the two quant fusions to its optimization level (on from O1 when the
-    # custom ops they match are enabled, config/vllm.py) and the QK-norm one off at every level.
+    # silu_and_mul + static FP8 quant -> silu_and_mul_quant (ActivationQuantFusionPass), q/k RMSNorm
+    # + RoPE -> fused_qk_norm_rope (QKNormRoPEFusionPass). Off here, so that notebook 13 shows
+    # before and after; vLLM leaves the two quant fusions to its optimization level (on from O1 when
+    # the custom ops they match are enabled, config/vllm.py) and the QK-norm one off at every level.
     fuse_norm_quant: bool = False
     fuse_act_quant: bool = False
     enable_qk_norm_rope_fusion: bool = False
@@ -188,7 +192,8 @@ class PassConfig:
         for name in ("qk_norm_rope_fusion_max_token_num", "allreduce_fusion_max_token_num"):
             n = getattr(self, name)
             if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-                raise ValueError(f"PassConfig.{name} must be a positive int or None, got {n!r}")
+                raise ValueError(f"PassConfig.{name} must be a positive int or None, "
+                                 f"got {n!r}")
 
     def range_endpoints(self) -> list[int]:
         """The compile-range endpoints the enabled range-gated passes need (vLLM adds them in
@@ -249,7 +254,8 @@ class CompilationConfig:
     # fields that change what is compiled; the others (paths, what was traced, the CUDA-graph
     # settings, which wrap the compiled pieces without changing them) do not
     HASH_EXCLUDED = ("cache_dir", "debug_dump_path", "traced_files", "cudagraph_mode",
-                     "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_copy_inputs",
+                     "cudagraph_capture_sizes", "max_cudagraph_capture_size",
+                     "cudagraph_copy_inputs",
                      # acts through mode, which is hashed
                      "enforce_eager")
 
@@ -267,33 +273,41 @@ class CompilationConfig:
             _warn_enforce_eager()
             self.mode, self.cudagraph_mode = CompilationMode.NONE, CUDAGraphMode.NONE
         if os.environ.get("TORCH_COMPILE_DISABLE") == "1" and self.mode != CompilationMode.NONE:
-            # vLLM (VllmConfig.__post_init__): torch's own switch turns compilation off as mode=NONE,
-            # so the model runs eagerly instead of meeting a torch.compile that does nothing
+            # vLLM (VllmConfig.__post_init__): torch's own switch turns compilation off as
+            # mode=NONE, so the model runs eagerly instead of meeting a
+            # torch.compile that does nothing
             _warn_torch_compile_disable(self.mode.name)
             self.mode = CompilationMode.NONE
         if self.compile_cache_save_format not in ("binary", "unpacked"):
-            raise ValueError(f"CompilationConfig.compile_cache_save_format={self.compile_cache_save_format!r}: "
-                             "use 'binary' or 'unpacked'")
+            raise ValueError("CompilationConfig.compile_cache_save_format="
+                             f"{self.compile_cache_save_format!r}: use 'binary' or 'unpacked'")
         if self.backend not in ("inductor", "eager"):
-            raise ValueError(f"CompilationConfig.backend={self.backend!r}: use 'inductor' or 'eager'")
+            raise ValueError(f"CompilationConfig.backend={self.backend!r}: "
+                             "use 'inductor' or 'eager'")
         n = self.max_num_batched_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"CompilationConfig.max_num_batched_tokens must be a positive int, got {n!r}")
+            raise ValueError("CompilationConfig.max_num_batched_tokens must be "
+                             f"a positive int, got {n!r}")
         self.compile_sizes = self._sizes("compile_sizes", self.compile_sizes, upto=n)
-        # vLLM (VllmConfig._set_compile_ranges) keeps the endpoints e with 1 < e < max_num_batched_tokens
-        # and drops the others without a word: 1 would make Range(1, 1), and an endpoint at or
-        # past the end adds nothing (max_num_batched_tokens always ends the last range)
-        endpoints = self._sizes("compile_ranges_endpoints", self.compile_ranges_endpoints, upto=None)
+        # vLLM (VllmConfig._set_compile_ranges) keeps the endpoints e with 1 < e <
+        # max_num_batched_tokens and drops the others without a word: 1 would make Range(1, 1), and
+        # an endpoint at or past the end adds nothing (max_num_batched_tokens
+        # always ends the last range)
+        endpoints = self._sizes("compile_ranges_endpoints", self.compile_ranges_endpoints,
+                                upto=None)
         if self.splitting_ops is None:
             self.splitting_ops = list(DEFAULT_SPLITTING_OPS)
         if not isinstance(self.splitting_ops, list):
-            raise ValueError(f"CompilationConfig.splitting_ops must be a list of op names, got {self.splitting_ops!r}")
+            raise ValueError("CompilationConfig.splitting_ops must be a list of op names, "
+                             f"got {self.splitting_ops!r}")
         bad = [op for op in self.splitting_ops if not isinstance(op, str) or "::" not in op]
         if bad:
-            raise ValueError(f"CompilationConfig.splitting_ops {bad}: write each op as 'namespace::name' "
-                             f"or 'namespace::name.overload', e.g. 'minivllm::unified_attention_with_output'")
+            raise ValueError(f"CompilationConfig.splitting_ops {bad}: write each op as "
+                             "'namespace::name' or 'namespace::name.overload', e.g. "
+                             "'minivllm::unified_attention_with_output'")
         self._check_custom_ops()
-        for name, cls in (("dynamic_shapes_config", DynamicShapesConfig), ("pass_config", PassConfig)):
+        for name, cls in (("dynamic_shapes_config", DynamicShapesConfig),
+                          ("pass_config", PassConfig)):
             value = getattr(self, name)
             if isinstance(value, dict):
                 try:
@@ -302,45 +316,52 @@ class CompilationConfig:
                     names = [f.name for f in fields(cls)]
                     hints = [f"did you mean {m[0]!r} for {k!r}? " for k in value if k not in names
                              for m in [difflib.get_close_matches(str(k), names, n=1)] if m]
-                    raise ValueError(f"CompilationConfig.{name}: {e}; {''.join(hints)}its fields are "
-                                     f"{names}") from None
+                    raise ValueError(f"CompilationConfig.{name}: {e}; "
+                                     f"{''.join(hints)}its fields are {names}") from None
                 setattr(self, name, value)
             elif not isinstance(value, cls):
-                raise ValueError(f"CompilationConfig.{name} must be a {cls.__name__} (or a dict of its "
-                                 f"fields), got {value!r}")
+                raise ValueError(f"CompilationConfig.{name} must be a {cls.__name__} (or a dict of "
+                                 f"its fields), got {value!r}")
         # a range-gated pass's endpoint joins the user's, filtered the same way
         endpoints = sorted(set(endpoints) | set(self.pass_config.range_endpoints()))
         self.compile_ranges_endpoints = [e for e in endpoints if 1 < e < n]
         for name in ("cache_dir", "debug_dump_path"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise ValueError(f"CompilationConfig.{name} must be a path (str or os.PathLike), got {value!r}")
+                raise ValueError(f"CompilationConfig.{name} must be a path (str or "
+                                 f"os.PathLike), got {value!r}")
         # "~/x" means the home folder, as in vLLM's paths (it expands debug_dump_path); unexpanded,
         # it made a folder named "~" in the current directory
         self.cache_dir = os.path.expanduser(os.fspath(self.cache_dir or ""))
         if self.debug_dump_path is not None:
             self.debug_dump_path = os.path.expanduser(os.fspath(self.debug_dump_path))
-        _require_bool("CompilationConfig", "enable_layerwise_nvtx_tracing", self.enable_layerwise_nvtx_tracing)
+        _require_bool("CompilationConfig", "enable_layerwise_nvtx_tracing",
+                      self.enable_layerwise_nvtx_tracing)
         if (n < 2 and self.mode in (CompilationMode.DYNAMO_TRACE_ONCE, CompilationMode.VLLM_COMPILE)
                 and self.dynamic_shapes_config.type != DynamicShapesType.UNBACKED):
             # the model compiles in a warm-up at max_num_batched_tokens, and Dynamo specialises a
             # dynamic size of 1: that one trace could serve 1 token and nothing else
-            raise ValueError(f"CompilationConfig.max_num_batched_tokens={n} under {self.mode.name}: the one "
-                             "trace is made at max_num_batched_tokens, and Dynamo specialises a size of 1, so "
+            raise ValueError(f"CompilationConfig.max_num_batched_tokens={n} under "
+                             f"{self.mode.name}: the one trace is made at "
+                             "max_num_batched_tokens, and Dynamo specialises a size of 1, so "
                              "nothing else could ever run compiled. Use at least 2 (or "
                              "DynamicShapesType.UNBACKED, which never specialises).")
         if not isinstance(self.inductor_compile_config, dict):
             raise ValueError("CompilationConfig.inductor_compile_config must be a dict of "
-                             f"torch._inductor.config names to values, got {type(self.inductor_compile_config)}")
-        unknown = [k for k in self.inductor_compile_config if k != "guard_filter_fn" and k not in inductor_options()]
+                             "torch._inductor.config names to values, got "
+                             f"{type(self.inductor_compile_config)}")
+        unknown = [k for k in self.inductor_compile_config if k != "guard_filter_fn"
+                   and k not in inductor_options()]
         if unknown:  # else torch raises it at the first call, after Dynamo's trace
             hints = {k: difflib.get_close_matches(str(k), inductor_options(), n=1) for k in unknown}
             import torch
 
-            raise ValueError(f"CompilationConfig.inductor_compile_config: {unknown} are not options of this torch's "
-                             f"Inductor ({torch.__version__}; the names are in torch/_inductor/config.py, nested ones "
-                             f"dotted like 'triton.cudagraphs')"
-                             + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
+            raise ValueError(f"CompilationConfig.inductor_compile_config: {unknown} are not "
+                             f"options of this torch's Inductor ({torch.__version__}; the "
+                             "names are in torch/_inductor/config.py, nested ones dotted "
+                             "like 'triton.cudagraphs')"
+                             + "".join(f"; did you mean {h[0]!r} for {k!r}?"
+                                       for k, h in hints.items() if h))
         self._refuse_freezing()
         # as vLLM's __post_init__: the passes (FixFunctionalization, the fusions) read v1
         # auto_functionalized nodes, in every mode that reaches Inductor; a user's value wins
@@ -359,10 +380,11 @@ class CompilationConfig:
         elif isinstance(self.kernel_config, dict):
             self.kernel_config = KernelConfig(**self.kernel_config)
         elif not isinstance(self.kernel_config, KernelConfig):
-            raise ValueError(f"CompilationConfig.kernel_config must be a KernelConfig (or a dict of its "
-                             f"fields), got {self.kernel_config!r}")
+            raise ValueError("CompilationConfig.kernel_config must be a KernelConfig (or a dict of "
+                             f"its fields), got {self.kernel_config!r}")
         if self.ir_enable_torch_wrap is None:
-            self.ir_enable_torch_wrap = self.mode == CompilationMode.VLLM_COMPILE and self.backend == "inductor"
+            self.ir_enable_torch_wrap = (self.mode == CompilationMode.VLLM_COMPILE
+                                         and self.backend == "inductor")
         _require_bool("CompilationConfig", "ir_enable_torch_wrap", self.ir_enable_torch_wrap)
         self.kernel_config.set_platform_defaults(self)
 
@@ -403,47 +425,56 @@ class CompilationConfig:
         elif isinstance(mode, str):  # vLLM: CUDAGraphMode[value.upper()]
             mode = CUDAGraphMode.__members__.get(mode.upper(), mode)
         if not isinstance(mode, CUDAGraphMode):
-            raise ValueError(f"CompilationConfig.cudagraph_mode={self.cudagraph_mode!r} is not one of "
-                             f"{list(CUDAGraphMode.__members__)}")
+            raise ValueError(f"CompilationConfig.cudagraph_mode={self.cudagraph_mode!r} is not one "
+                             f"of {list(CUDAGraphMode.__members__)}")
         self.cudagraph_mode = mode
         _require_bool("CompilationConfig", "cudagraph_copy_inputs", self.cudagraph_copy_inputs)
         n = self.max_num_batched_tokens
         user_sizes, user_max = self.cudagraph_capture_sizes, self.max_cudagraph_capture_size
-        if user_max is not None and (not isinstance(user_max, int) or isinstance(user_max, bool) or user_max < 1):
-            raise ValueError(f"CompilationConfig.max_cudagraph_capture_size must be a positive int or None, "
-                             f"got {user_max!r}")
+        if user_max is not None and (not isinstance(user_max, int) or isinstance(user_max, bool)
+                                     or user_max < 1):
+            raise ValueError("CompilationConfig.max_cudagraph_capture_size must be a positive int "
+                             f"or None, got {user_max!r}")
         if user_sizes is not None:
             # vLLM drops sizes above max_num_batched_tokens with a warning (config/vllm.py
-            # _set_cudagraph_sizes); here, as for compile_sizes, a size that can never run is an error
+            # _set_cudagraph_sizes); here, as for compile_sizes, a size that
+            # can never run is an error
             sizes = self._sizes("cudagraph_capture_sizes", user_sizes, upto=n)
             if not sizes:  # vLLM asserts it (config/vllm.py, "should contain at least one element")
-                raise ValueError("CompilationConfig.cudagraph_capture_sizes is empty: give at least one size, "
-                                 "or None for the default list")
+                raise ValueError("CompilationConfig.cudagraph_capture_sizes is empty: give at "
+                                 "least one size, or None for the default list")
         if mode.requires_piecewise_compilation() and self.mode != CompilationMode.VLLM_COMPILE:
             # vLLM quietly falls back to without_piecewise() (config/vllm.py
-            # _normalize_piecewise_cudagraph_mode) because its default mode is piecewise; ours is NONE,
-            # so a piecewise mode here was asked for, and the pieces it needs do not exist
-            why = " (TORCH_COMPILE_DISABLE=1 set it)" if os.environ.get("TORCH_COMPILE_DISABLE") == "1" else ""
-            raise ValueError(f"CompilationConfig.cudagraph_mode={mode.name} needs mode=VLLM_COMPILE (the pieces "
-                             f"it captures come from splitting the graph), got mode={self.mode.name}{why}; use "
+            # _normalize_piecewise_cudagraph_mode) because its default mode is piecewise; ours is
+            # NONE, so a piecewise mode here was asked for, and the pieces it needs do not exist
+            why = " (TORCH_COMPILE_DISABLE=1 set it)" if os.environ.get(
+                "TORCH_COMPILE_DISABLE") == "1" else ""
+            raise ValueError(f"CompilationConfig.cudagraph_mode={mode.name} needs "
+                             "mode=VLLM_COMPILE (the pieces it captures come from splitting the "
+                             f"graph), got mode={self.mode.name}{why}; use "
                              f"{mode.without_piecewise().name} instead")
         if mode.requires_piecewise_compilation() and not self.splitting_ops:
-            # vLLM's set_splitting_ops_for_v1: with no splitting op there is one piece and no piecewise graph
-            mode = self.cudagraph_mode = CUDAGraphMode.NONE if mode == CUDAGraphMode.PIECEWISE else CUDAGraphMode.FULL
+            # vLLM's set_splitting_ops_for_v1: with no splitting op there is one
+            # piece and no piecewise graph
+            mode = self.cudagraph_mode = (CUDAGraphMode.NONE if mode == CUDAGraphMode.PIECEWISE
+                                          else CUDAGraphMode.FULL)
         if mode == CUDAGraphMode.NONE:  # vLLM: no CUDA graphs, no sizes
             self.cudagraph_capture_sizes, self.max_cudagraph_capture_size = [], 0
             return
         if user_sizes is not None:
             max_size = sizes[-1]
-            if user_max is not None and user_max != max_size:  # vLLM raises when both are given and disagree
-                raise ValueError(f"CompilationConfig.max_cudagraph_capture_size={user_max} must equal the largest "
-                                 f"of cudagraph_capture_sizes ({max_size}); give one of the two")
+            # vLLM raises when both are given and disagree
+            if user_max is not None and user_max != max_size:
+                raise ValueError(f"CompilationConfig.max_cudagraph_capture_size={user_max} "
+                                 "must equal the largest of cudagraph_capture_sizes "
+                                 f"({max_size}); give one of the two")
         else:
-            # vLLM's generated list: 1, 2, 4, multiples of 8 below 256, multiples of 16 from 256, capped
-            # at the max size (default 512, vLLM's min(2 * max_num_seqs, 512) without a scheduler) and
-            # at max_num_batched_tokens, which is itself added when it fits
+            # vLLM's generated list: 1, 2, 4, multiples of 8 below 256, multiples of 16 from 256,
+            # capped at the max size (default 512, vLLM's min(2 * max_num_seqs, 512) without a
+            # scheduler) and at max_num_batched_tokens, which is itself added when it fits
             max_size = min(n, user_max if user_max is not None else 512)
-            sizes = [s for s in (1, 2, 4) if s <= max_size] + list(range(8, min(max_size + 1, 256), 8)) \
+            sizes = [s for s in (1, 2, 4)
+                     if s <= max_size] + list(range(8, min(max_size + 1, 256), 8)) \
                 + list(range(256, max_size + 1, 16))
             if n <= max_size:
                 sizes.append(n)
@@ -453,7 +484,8 @@ class CompilationConfig:
     def splitting_ops_contain_attention(self) -> bool:
         return DEFAULT_SPLITTING_OPS[0] in (self.splitting_ops or [])
 
-    def resolve_cudagraph_mode(self, min_cg_support: AttentionCGSupport, backend_name: str = "attention") -> None:
+    def resolve_cudagraph_mode(self, min_cg_support: AttentionCGSupport,
+                               backend_name: str = "attention") -> None:
         """Resolve cudagraph_mode down to what the splitting ops can be captured in, as vLLM's
         CompilationConfig.resolve_cudagraph_mode_and_sizes does once the model's attention backends
         are known (called by the model runner, here LM, before the first compile)."""
@@ -462,13 +494,15 @@ class CompilationConfig:
             return
         if mode.mixed_mode() == CUDAGraphMode.FULL and min_cg_support != AttentionCGSupport.ALWAYS:
             if min_cg_support == AttentionCGSupport.NEVER:
-                raise ValueError(f"CompilationConfig.cudagraph_mode={mode.name} is not supported by {backend_name} "
-                                 f"(support: {min_cg_support.name}); try cudagraph_mode=PIECEWISE with VLLM_COMPILE")
+                raise ValueError(f"CompilationConfig.cudagraph_mode={mode.name} is not supported "
+                                 f"by {backend_name} (support: {min_cg_support.name}); try "
+                                 "cudagraph_mode=PIECEWISE with VLLM_COMPILE")
             mode = CUDAGraphMode.FULL_AND_PIECEWISE if self.splitting_ops_contain_attention() \
                 else CUDAGraphMode.FULL_DECODE_ONLY
         if mode.decode_mode() == CUDAGraphMode.FULL and min_cg_support == AttentionCGSupport.NEVER:
-            mode = CUDAGraphMode.PIECEWISE if (self.mode == CompilationMode.VLLM_COMPILE
-                                               and self.splitting_ops_contain_attention()) else CUDAGraphMode.NONE
+            mode = (CUDAGraphMode.PIECEWISE if (self.mode == CompilationMode.VLLM_COMPILE
+                                                and self.splitting_ops_contain_attention())
+                    else CUDAGraphMode.NONE)
         self.cudagraph_mode = mode
         if mode == CUDAGraphMode.NONE:
             self.cudagraph_capture_sizes, self.max_cudagraph_capture_size = [], 0
@@ -481,11 +515,12 @@ class CompilationConfig:
             raise ValueError(f"CompilationConfig.custom_ops must be a list such as ['all'] or "
                              f"['none', '+rms_norm'], got {ops!r}")
         bad = [c for c in ops if not isinstance(c, str) or (c not in ("all", "none")
-                                                           and not (c[:1] in "+-" and c[1:] in CUSTOM_OPS))]
+                                                           and not (c[:1] in "+-"
+                                                                    and c[1:] in CUSTOM_OPS))]
         if bad:  # each message carries vLLM's wording too, so a search for vLLM's finds it
             raise ValueError(f"Invalid syntax {bad[0]!r} for custom op: "
-                             f"CompilationConfig.custom_ops {bad}: use 'all', 'none', '+name' or '-name' with a name from "
-                             f"{list(CUSTOM_OPS)}")
+                             f"CompilationConfig.custom_ops {bad}: use 'all', 'none', '+name' or "
+                             f"'-name' with a name from {list(CUSTOM_OPS)}")
         base = [c for c in ops if c in ("all", "none")]
         if len(base) > 1:
             raise ValueError(f"CompilationConfig.custom_ops={ops}: custom_ops can contain only one "

@@ -22,7 +22,8 @@ class CompilationCounter:
     num_graphs_seen: int = 0  # Dynamo graphs handed to VllmBackend (VLLM_COMPILE only, as in vLLM)
     num_piecewise_graphs_seen: int = 0  # submodules after split, splitting ops included
     num_piecewise_capturable_graphs_seen: int = 0  # submodules that get compiled
-    num_backend_compilations: int = 0  # CompilerManager.compile calls: a piece for one size or range
+    # CompilerManager.compile calls: a piece for one size or range
+    num_backend_compilations: int = 0
     num_inductor_compiles: int = 0  # Inductor adaptor compile calls, identical pieces included
     num_eager_compiles: int = 0  # eager adaptor compile calls
     num_cache_entries_updated: int = 0
@@ -32,13 +33,15 @@ class CompilationCounter:
     num_aot_artifacts_saved: int = 0
     num_aot_artifacts_loaded: int = 0
     stock_torch_compile_count: int = 0
-    num_cudagraph_captured: int = 0  # a graph (or the CPU stand-in's buffers) per wrapper and descriptor
+    # a graph (or the CPU stand-in's buffers) per wrapper and descriptor
+    num_cudagraph_captured: int = 0
     # this project's own, not in vLLM. vLLM hands a string backend ("inductor") to torch.compile
     # under STOCK_TORCH_COMPILE and DYNAMO_TRACE_ONCE, so none of its counters above sees those
     # traces; and its Inductor adaptor counts a piece identical to an earlier one before finding
     # the earlier one's artifact (AOTAutograd's cache key), so L identical layers count L + 1.
     num_dynamo_traces: int = 0  # Dynamo graphs handed to any backend of ours, in every mode
-    num_unique_compiles: int = 0  # compiles that ran, in every mode (an identical piece reuses the first)
+    # compiles that ran, in every mode (an identical piece reuses the first)
+    num_unique_compiles: int = 0
 
     def clone(self) -> CompilationCounter:
         return copy.deepcopy(self)

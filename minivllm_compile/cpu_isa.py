@@ -84,7 +84,8 @@ def _read(warn: bool = True) -> dict:
         return data
     except (OSError, ValueError) as e:
         if warn:
-            logger.warning("%s is unreadable (%s); Inductor probes the CPU again and it is rewritten",
+            logger.warning("%s is unreadable (%s); Inductor probes the CPU "
+                           "again and it is rewritten",
                            path, e)
         return {}
 

@@ -67,7 +67,8 @@ class CUDAGraphEntry:
     batch_descriptor: BatchDescriptor
     cudagraph: Any = None  # torch.cuda.CUDAGraph, or a StaticBufferReplay on a CPU
     output: Any = None
-    static_args: tuple = ()  # what the graph reads: the caller's tensors, or copies (cudagraph_copy_inputs)
+    # what the graph reads: the caller's tensors, or copies (cudagraph_copy_inputs)
+    static_args: tuple = ()
 
 
 class CUDAGraphWrapper:
@@ -75,14 +76,18 @@ class CUDAGraphWrapper:
     A step whose runtime mode is NONE or another wrapper's runs the runnable plainly, which is how
     a FULL wrapper around the model and PIECEWISE wrappers inside it coexist."""
 
-    def __init__(self, runnable: Callable, compilation_config: CompilationConfig, runtime_mode: CUDAGraphMode):
-        if not isinstance(runtime_mode, CUDAGraphMode) or runtime_mode not in (CUDAGraphMode.PIECEWISE,
-                                                                              CUDAGraphMode.FULL):
-            raise ValueError(f"CUDAGraphWrapper runtime_mode must be PIECEWISE or FULL, got {runtime_mode!r}")
-        self.runnable, self.compilation_config, self.runtime_mode = runnable, compilation_config, runtime_mode
+    def __init__(self, runnable: Callable, compilation_config: CompilationConfig,
+                 runtime_mode: CUDAGraphMode):
+        if not isinstance(runtime_mode, CUDAGraphMode) or runtime_mode not in (
+                CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+            raise ValueError("CUDAGraphWrapper runtime_mode must be PIECEWISE or "
+                             f"FULL, got {runtime_mode!r}")
+        self.runnable, self.compilation_config, self.runtime_mode = (
+            runnable, compilation_config, runtime_mode)
         self.concrete_cudagraph_entries: dict[BatchDescriptor, CUDAGraphEntry] = {}
 
-    def __getattr__(self, key: str) -> Any:  # the runnable's attributes (range_entries, ...) stay visible
+    # the runnable's attributes (range_entries, ...) stay visible
+    def __getattr__(self, key: str) -> Any:
         if key == "runnable":
             raise AttributeError(key)
         return getattr(self.runnable, key)
@@ -123,7 +128,8 @@ class CUDAGraphWrapper:
         if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=get_global_graph_pool()):
-                entry.output = self.runnable(*args, **kwargs)  # lives in the pool, rewritten by each replay
+                # lives in the pool, rewritten by each replay
+                entry.output = self.runnable(*args, **kwargs)
             entry.cudagraph = graph
         else:
             entry.cudagraph = StaticBufferReplay(self.runnable, args, kwargs)
@@ -148,7 +154,8 @@ def min_cudagraph_support(layers: Any, device: torch.device) -> tuple[AttentionC
     each attention backend's builder's _cudagraph_support)."""
     found = [(layer.cudagraph_support(device), type(layer).__name__) for layer in layers
              if hasattr(layer, "cudagraph_support")]
-    return min(found, key=lambda f: f[0].value, default=(AttentionCGSupport.ALWAYS, "no splitting op"))
+    return min(found, key=lambda f: f[0].value, default=(AttentionCGSupport.ALWAYS,
+                                                         "no splitting op"))
 
 
 class CudagraphDispatcher:
@@ -170,15 +177,19 @@ class CudagraphDispatcher:
                 self._bs_to_padded_graph_size[bs] = start if bs == start else end
         for size in cc.compile_sizes or []:  # vLLM: a compile size padding changes is never run
             if size <= max_size and self._bs_to_padded_graph_size[size] != size:
-                raise ValueError(f"CompilationConfig.compile_sizes contains {size}, which CUDA-graph padding turns "
-                                 f"into {self._bs_to_padded_graph_size[size]}: use sizes from cudagraph_capture_sizes")
+                raise ValueError(f"CompilationConfig.compile_sizes contains {size}, "
+                                 "which CUDA-graph padding turns into "
+                                 f"{self._bs_to_padded_graph_size[size]}: use sizes "
+                                 "from cudagraph_capture_sizes")
         mixed = self.cudagraph_mode.mixed_mode()
         if mixed != CUDAGraphMode.NONE:
             for s in sizes:
                 self.cudagraph_keys[mixed].add(self._descriptor(s, uniform=False, mode=mixed))
-        if self.cudagraph_mode.separate_routine() and self.cudagraph_mode.decode_mode() == CUDAGraphMode.FULL:
+        if (self.cudagraph_mode.separate_routine() and self.cudagraph_mode.decode_mode()
+            == CUDAGraphMode.FULL):
             for s in sizes:  # decode query length 1: every size is a uniform decode batch
-                self.cudagraph_keys[CUDAGraphMode.FULL].add(self._descriptor(s, uniform=True, mode=CUDAGraphMode.FULL))
+                self.cudagraph_keys[CUDAGraphMode.FULL].add(
+                    self._descriptor(s, uniform=True, mode=CUDAGraphMode.FULL))
 
     def _descriptor(self, num_tokens: int, uniform: bool, mode: CUDAGraphMode) -> BatchDescriptor:
         padded = self._bs_to_padded_graph_size[num_tokens]
@@ -187,8 +198,10 @@ class CudagraphDispatcher:
         # no scheduler here, so no max_num_seqs to cap it: n tokens hold at most n requests
         return BatchDescriptor(padded, num_reqs=padded, uniform=uniform)
 
-    def dispatch(self, num_tokens: int, uniform_decode: bool = False) -> tuple[CUDAGraphMode, BatchDescriptor]:
-        if self.cudagraph_mode == CUDAGraphMode.NONE or num_tokens > self.compilation_config.max_cudagraph_capture_size:
+    def dispatch(self, num_tokens: int, uniform_decode: bool = False) -> tuple[CUDAGraphMode,
+                                                                               BatchDescriptor]:
+        if (self.cudagraph_mode == CUDAGraphMode.NONE
+            or num_tokens > self.compilation_config.max_cudagraph_capture_size):
             return CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
         uniform = uniform_decode and self.cudagraph_mode.separate_routine()
         full = self._descriptor(num_tokens, uniform, CUDAGraphMode.FULL)

@@ -1,4 +1,5 @@
-"""support_torch_compile and ignore_torch_compile (vLLM's compilation/decorators.py; seed §7, §11, §13).
+"""support_torch_compile and ignore_torch_compile (vLLM's
+compilation/decorators.py; seed §7, §11, §13).
 
 The decorator makes the model class its own TorchCompileWithNoGuardsWrapper. Nothing compiles at
 construction (torch.compile is lazy, §13). The first call marks the num_tokens dimensions dynamic,
@@ -22,8 +23,12 @@ from torch import nn
 from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
 from minivllm_compile import aot, cache_keys, caching
-from minivllm_compile.config import (CompilationConfig, CompilationMode, CUDAGraphMode,
-                                     DynamicShapesType)
+from minivllm_compile.config import (
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    DynamicShapesType,
+)
 from minivllm_compile.counter import compilation_counter
 from minivllm_compile.kernel_config import ir_dispatch_scope
 from minivllm_compile.monitor import monitor_torch_compile
@@ -70,7 +75,8 @@ def support_torch_compile(
                              "tensor arguments as torch.Tensor or pass dynamic_arg_dims explicitly")
         for k in [*dims, *(mark_unbacked_dims or {})]:
             if k not in sig.parameters:
-                raise ValueError(f"argument {k!r} is not a parameter of {cls.__name__}.forward{sig}")
+                raise ValueError(f"argument {k!r} is not a parameter of "
+                                 f"{cls.__name__}.forward{sig}")
         return _support_torch_compile(cls, dims, mark_unbacked_dims, enable_if)
 
     return decorate(cls) if cls is not None else decorate
@@ -82,7 +88,8 @@ def _compile_patches_supported() -> dict[str, bool]:
     import torch._inductor.config as inductor_config
     import torch.fx.experimental._config as fx_config
 
-    return {"enable_cpp_symbolic_shape_guards": hasattr(torch._dynamo.config, "enable_cpp_symbolic_shape_guards"),
+    return {"enable_cpp_symbolic_shape_guards": hasattr(torch._dynamo.config,
+                                                        "enable_cpp_symbolic_shape_guards"),
             "backed_size_oblivious": hasattr(fx_config, "backed_size_oblivious"),
             "assume_32bit_indexing": hasattr(inductor_config, "assume_32bit_indexing"),
             "mark_unbacked_hint_override": "hint_override" in inspect.signature(
@@ -198,12 +205,14 @@ def _input_mismatch(model: nn.Module, name: str, value: Any, spec: dict) -> str:
         got = f"{value.dtype} on {value.device.type}, {value.dim()}-D, sizes {list(value.shape)}"
         if spec["contiguous"] and not value.is_contiguous():
             got += f", not contiguous (strides {list(value.stride())})"
-    fix = (f"pass {name}.to({spec['dtype']})" if isinstance(value, torch.Tensor) and str(value.dtype) != spec["dtype"]
-           else f"pass {name}.contiguous()" if isinstance(value, torch.Tensor) and spec["contiguous"]
+    fix = (f"pass {name}.to({spec['dtype']})" if isinstance(value, torch.Tensor)
+           and str(value.dtype) != spec["dtype"]
+           else f"pass {name}.contiguous()" if isinstance(value, torch.Tensor)
+           and spec["contiguous"]
            and not value.is_contiguous() else "pass what the first call passed")
-    return (f"{cls} was compiled once, on its first call, for {name}: {traced}; this call passes {got}. "
-            f"The compiled code has no guards to notice (they were dropped), so it would read the tensor "
-            f"wrongly: {fix}, or build another model for these inputs.")
+    return (f"{cls} was compiled once, on its first call, for {name}: {traced}; this call passes "
+            f"{got}. The compiled code has no guards to notice (they were dropped), so it would "
+            f"read the tensor wrongly: {fix}, or build another model for these inputs.")
 
 
 def check_input_values(model: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -268,7 +277,8 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
     setattr(cls, IGNORE_COMPILE_KEY, False)
     old_init = cls.__init__
 
-    def __init__(self, *args: Any, compilation_config: CompilationConfig | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, compilation_config: CompilationConfig | None = None,
+                 **kwargs: Any):
         config = compilation_config or CompilationConfig(mode=CompilationMode.NONE)
         if "compilation_config" in inspect.signature(old_init).parameters:
             kwargs["compilation_config"] = config
@@ -307,9 +317,10 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
                 if small and not as_unbacked:
                     raise ValueError(
                         f"the first call compiles {type(self).__name__}, and {name!r} has size "
-                        f"{arg.shape[small[0]]} in dynamic dim {small[0]}: Dynamo specialises sizes 0 and 1, "
-                        "so the one trace would only fit that size. Make the first call with at least "
-                        "2 tokens (vLLM compiles during a warm-up run at max_num_batched_tokens).")
+                        f"{arg.shape[small[0]]} in dynamic dim {small[0]}: Dynamo specialises "
+                        "sizes 0 and 1, so the one trace would only fit that size. Make the "
+                        "first call with at least 2 tokens (vLLM compiles during a warm-up run "
+                        "at max_num_batched_tokens).")
                 _mark_dims(arg, dims, as_unbacked)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -331,7 +342,8 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         if self.compiled:
             check_inputs(self, args, kwargs)
             check_input_values(self, args, kwargs)
-            return run_compiled(self, TorchCompileWithNoGuardsWrapper.__call__, (self, *args), kwargs)
+            return run_compiled(self, TorchCompileWithNoGuardsWrapper.__call__,
+                                (self, *args), kwargs)
         with _FIRST_CALLS:
             if self.aot_compiled_fn is None and not self.compiled:
                 return first_call(self, args, kwargs)
@@ -358,7 +370,8 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             if use_aot:  # §10/§11: compile ahead of time, save, then run the compiled function
                 self.aot_compiled_fn = self.aot_compile(*args, **kwargs)
                 compilation_counter.num_aot_compiles += 1
-                aot.record_built_for(self)  # what a later load checks: the model, its sources, values
+                # what a later load checks: the model, its sources, values
+                aot.record_built_for(self)
                 if not self.compilation_config.dynamic_shapes_config.evaluate_guards:
                     # as after a load: the guards were filtered away, so checking what is left
                     # only binds the call's arguments again, every call (~20 us here). vLLM

@@ -71,8 +71,9 @@ def _torch_at_least(major: int, minor: int) -> bool:
 def _device() -> str:
     raw = os.environ.get("MINIVLLM_DEVICE", "").strip().lower()
     if raw not in ("", "cpu", "cuda"):
-        raise ValueError(f"MINIVLLM_DEVICE={os.environ['MINIVLLM_DEVICE']!r} is not a device: set it to "
-                         f"cpu or cuda (or unset it: the GPU when torch sees one, else the CPU)")
+        raise ValueError(f"MINIVLLM_DEVICE={os.environ['MINIVLLM_DEVICE']!r} is not a "
+                         "device: set it to cpu or cuda (or unset it: the GPU when "
+                         "torch sees one, else the CPU)")
     return raw
 
 
@@ -80,16 +81,16 @@ def _cache_root() -> str:
     raw = os.environ.get("VLLM_CACHE_ROOT")
     if raw is not None and not raw.strip():
         # vLLM would take "" as the current directory and fill it with cache folders
-        raise ValueError("VLLM_CACHE_ROOT is set but empty: give it a folder, or unset it for the default "
-                         "(~/.cache/minivllm_compile)")
+        raise ValueError("VLLM_CACHE_ROOT is set but empty: give it a folder, or unset it for the "
+                         "default (~/.cache/minivllm_compile)")
     return os.path.expanduser(raw or str(Path("~/.cache/minivllm_compile")))
 
 
 def _logging_level() -> str:
     raw = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").strip().upper()
     if raw not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ValueError(f"VLLM_LOGGING_LEVEL={os.environ['VLLM_LOGGING_LEVEL']!r} is not a level: set it to "
-                         "DEBUG, INFO, WARNING, ERROR or CRITICAL (or unset it for INFO)")
+        raise ValueError(f"VLLM_LOGGING_LEVEL={os.environ['VLLM_LOGGING_LEVEL']!r} is not a level: "
+                         "set it to DEBUG, INFO, WARNING, ERROR or CRITICAL (or unset it for INFO)")
     return raw
 
 
@@ -104,8 +105,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_FORCE_AOT_LOAD": _bool("VLLM_FORCE_AOT_LOAD", False),
     # the pieces' compiled artifacts inside the AOT file itself, loaded without running the backend.
     # Default as vLLM's use_mega_aot_artifact(): on for torch >= 2.12 when AOT compile is on
-    "VLLM_USE_MEGA_AOT_ARTIFACT": lambda: _bool("VLLM_USE_MEGA_AOT_ARTIFACT", _torch_at_least(2, 12)
-                                                and environment_variables["VLLM_USE_AOT_COMPILE"]())(),
+    "VLLM_USE_MEGA_AOT_ARTIFACT": lambda: _bool(
+        "VLLM_USE_MEGA_AOT_ARTIFACT",
+        _torch_at_least(2, 12) and environment_variables["VLLM_USE_AOT_COMPILE"]())(),
     "VLLM_DISABLE_COMPILE_CACHE": _bool("VLLM_DISABLE_COMPILE_CACHE", False),
     # pieces through torch._inductor.standalone_compile (1) or compile_fx (0), as in vLLM
     "VLLM_USE_STANDALONE_COMPILE": _bool("VLLM_USE_STANDALONE_COMPILE", True),
@@ -163,12 +165,14 @@ def default_device() -> str:
 
     wanted = _device()
     if wanted == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("MINIVLLM_DEVICE=cuda but torch sees no GPU (torch.cuda.is_available() is "
-                           "False): unset it, or set it to cpu")
+        raise RuntimeError("MINIVLLM_DEVICE=cuda but torch sees no GPU (torch.cuda.is_available() "
+                           "is False): unset it, or set it to cpu")
     return wanted or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def compile_factors() -> dict[str, Any]:
     """The switches that change what gets compiled (part of the cache key)."""
-    return {k: environment_variables[k]() for k in ("VLLM_USE_BYTECODE_HOOK", "VLLM_USE_AOT_COMPILE",
-                                                    "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE")}
+    return {k: environment_variables[k]() for k in ("VLLM_USE_BYTECODE_HOOK",
+                                                    "VLLM_USE_AOT_COMPILE",
+                                                    "VLLM_USE_MEGA_AOT_ARTIFACT",
+                                                    "VLLM_USE_STANDALONE_COMPILE")}

@@ -1,4 +1,5 @@
-"""Per-step state the opaque splitting ops read, set around each forward (vLLM's forward_context.py).
+"""Per-step state the opaque splitting ops read, set around each forward
+(vLLM's forward_context.py).
 
 The compiled graph never sees the KV cache or the per-step metadata: the attention and short-conv
 custom ops take only tensors that flow through the graph plus a `layer_name` string, and look the

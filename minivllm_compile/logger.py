@@ -15,7 +15,8 @@ import sys
 
 from minivllm_compile import envs
 
-_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"  # vLLM's, without the pid
+# vLLM's, without the pid
+_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 _DATEFMT = "%m-%d %H:%M:%S"
 
 
@@ -29,7 +30,8 @@ class _Below(logging.Filter):
 
 
 class _Stream(logging.StreamHandler):
-    """Looks up sys.stdout / sys.stderr at each record: a notebook kernel and pytest replace them."""
+    """Looks up sys.stdout / sys.stderr at each record: a notebook kernel
+    and pytest replace them."""
 
     def __init__(self, name: str):
         super().__init__()

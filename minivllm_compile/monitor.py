@@ -51,7 +51,8 @@ def dynamo_transform_time() -> float | None:
     """Seconds since monitor_torch_compile began, or, outside it, since Dynamo began compiling the
     frame; the backend calls it when Dynamo hands over. None where neither is known (this torch
     has no compile-start callbacks): then nothing is logged."""
-    start = torch_compile_start_time if torch_compile_start_time is not None else _dynamo_compile_start
+    start = (torch_compile_start_time if torch_compile_start_time is not None
+             else _dynamo_compile_start)
     if start is None:
         return None
     elapsed = time.perf_counter() - start

@@ -21,8 +21,14 @@ from torch import Tensor
 from torch.library import Library, infer_schema
 
 from minivllm_compile.forward_context import get_forward_context
-from minivllm_compile.kernels import activation, causal_conv1d, layernorm, paged_attention
-from minivllm_compile.kernels import qk_norm_rope, quant_fp8
+from minivllm_compile.kernels import (
+    activation,
+    causal_conv1d,
+    layernorm,
+    paged_attention,
+    qk_norm_rope,
+    quant_fp8,
+)
 from minivllm_compile.kernels import rotary_embedding as rope
 from minivllm_compile.kernels._compat import HAS_TRITON
 
@@ -94,7 +100,8 @@ def _register(*, mutates_args: list[str]):
     call through either goes through the dispatcher (and never straight into the Python body)."""
 
     def register(op_func: Callable) -> torch._ops.OpOverloadPacket:
-        direct_register_custom_op(op_func.__name__, op_func, mutates_args, fake_impl=_returns_nothing)
+        direct_register_custom_op(op_func.__name__, op_func, mutates_args,
+                                  fake_impl=_returns_nothing)
         return getattr(torch.ops.minivllm, op_func.__name__)
 
     return register
@@ -118,14 +125,17 @@ def _check_like(op: str, tensors: dict[str, Tensor | None]) -> None:
     first_name, first = items[0]
     for name, t in items[1:]:
         _check(op, t.device == first.device,
-               lambda: f"`{name}` is on {t.device} but `{first_name}` is on {first.device}; move them to one device")
+               lambda: f"`{name}` is on {t.device} but `{first_name}` is on "
+                       f"{first.device}; move them to one device")
         _check(op, t.dtype == first.dtype,
-               lambda: f"`{name}` is {t.dtype} but `{first_name}` is {first.dtype}; cast them to one dtype")
+               lambda: f"`{name}` is {t.dtype} but `{first_name}` is "
+                       f"{first.dtype}; cast them to one dtype")
 
 
 def _check_norm(op: str, x: Tensor, weight: Tensor) -> None:
     _check(op, weight.dim() == 1 and weight.shape[0] == x.shape[-1],
-           lambda: f"`weight` has shape {tuple(weight.shape)} but the hidden size of `input` is {x.shape[-1]}")
+           lambda: f"`weight` has shape {tuple(weight.shape)} but the hidden size "
+                   f"of `input` is {x.shape[-1]}")
 
 
 # --- normalisation --------------------------------------------------------------------------
@@ -137,16 +147,19 @@ def rms_norm(out: Tensor, input: Tensor, weight: Tensor, eps: float) -> None:
            lambda: f"`out` has shape {tuple(out.shape)} but `input` has {tuple(input.shape)}; "
                    "pass torch.empty_like(input)")
     _check_norm("rms_norm", input, weight)
-    (layernorm.rms_norm_triton if _use_triton(input) else layernorm.rms_norm_ref)(out, input, weight, eps)
+    (layernorm.rms_norm_triton if _use_triton(input)
+     else layernorm.rms_norm_ref)(out, input, weight, eps)
 
 
 @_register(mutates_args=["input", "residual"])
 def fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
     _check_like("fused_add_rms_norm", {"input": input, "residual": residual, "weight": weight})
     _check("fused_add_rms_norm", residual.shape == input.shape,
-           lambda: f"`residual` has shape {tuple(residual.shape)} but `input` has {tuple(input.shape)}")
+           lambda: f"`residual` has shape {tuple(residual.shape)} but "
+                   f"`input` has {tuple(input.shape)}")
     _check_norm("fused_add_rms_norm", input, weight)
-    fn = layernorm.fused_add_rms_norm_triton if _use_triton(input) else layernorm.fused_add_rms_norm_ref
+    fn = layernorm.fused_add_rms_norm_triton if _use_triton(
+        input) else layernorm.fused_add_rms_norm_ref
     fn(input, residual, weight, eps)
 
 
@@ -162,14 +175,16 @@ def _check_rope(
     _check(op, positions.device == query.device,
            lambda: f"`positions` is on {positions.device} but `query` is on {query.device}")
     _check(op, positions.numel() == query.shape[0],
-           lambda: f"`positions` has {positions.numel()} entries but `query` has {query.shape[0]} tokens")
+           lambda: f"`positions` has {positions.numel()} entries but `query` "
+                   f"has {query.shape[0]} tokens")
     # the reference would broadcast one query token's position over every key token
     _check(op, key is None or (key.dim() > 0 and key.shape[0] == query.shape[0]),
            lambda: f"`key` has {key.shape[0] if key.dim() else 0} tokens but `query` has "
            f"{query.shape[0]} (and `positions` as many); key token i is rotated by positions[i], "
            "so pass one key per token")
     _check(op, cos_sin_cache.shape[-1] <= head_size,
-           lambda: f"`cos_sin_cache` rotates {cos_sin_cache.shape[-1]} dims, more than head_size={head_size}")
+           lambda: f"`cos_sin_cache` rotates {cos_sin_cache.shape[-1]} dims, more "
+                   f"than head_size={head_size}")
     # A value check, so here and not in the fake (fake tensors have no values). Reading min/max
     # syncs a GPU, a cost this teaching project accepts; not while capturing a CUDA graph (illegal).
     if positions.numel() and not (positions.is_cuda and torch.cuda.is_current_stream_capturing()):
@@ -207,7 +222,8 @@ def fused_qk_norm_rope(
            lambda: f"`qkv` has shape {tuple(qkv.shape)}, expected [num_tokens, {width}] "
            f"(({num_heads_q}+{num_heads_k}+{num_heads_v}) heads x head_dim {head_dim})")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        _check(op, w.shape == (head_dim,), lambda: f"`{name}` has shape {tuple(w.shape)}, expected ({head_dim},)")
+        _check(op, w.shape == (head_dim,), lambda: f"`{name}` has shape {tuple(w.shape)}, expected "
+                                                   f"({head_dim},)")
     _check_rope(op, position_ids, qkv, head_dim, cos_sin_cache)
     args = (qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
             cos_sin_cache, is_neox, position_ids)
@@ -224,9 +240,10 @@ def silu_and_mul(out: Tensor, input: Tensor) -> None:
     _check_like("silu_and_mul", {"input": input, "out": out})
     d = input.shape[-1] // 2
     _check("silu_and_mul", input.shape[-1] % 2 == 0 and out.shape == (*input.shape[:-1], d),
-           lambda: f"`out` has shape {tuple(out.shape)}; for `input` of shape {tuple(input.shape)} it must be "
-           f"{(*input.shape[:-1], d)} (input holds gate and up halves side by side)")
-    (activation.silu_and_mul_triton if _use_triton(input) else activation.silu_and_mul_ref)(out, input)
+           lambda: f"`out` has shape {tuple(out.shape)}; for `input` of shape {tuple(input.shape)} "
+           f"it must be {(*input.shape[:-1], d)} (input holds gate and up halves side by side)")
+    (activation.silu_and_mul_triton if _use_triton(input)
+     else activation.silu_and_mul_ref)(out, input)
 
 
 # --- static per-tensor FP8 quantization, alone and fused (vLLM's _C ops of the same names) ------
@@ -242,31 +259,35 @@ _QUANT_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def _use_triton_fp8(t: Tensor) -> bool:
     # Triton converts to e4m3fn only on GPUs with FP8 hardware (compute capability 8.9+: Ada,
     # Hopper and newer); older GPUs run the reference
-    return _use_triton(t) and (not t.is_cuda or torch.cuda.get_device_capability(t.device) >= (8, 9))
+    return _use_triton(t) and (not t.is_cuda
+                               or torch.cuda.get_device_capability(t.device) >= (8, 9))
 
 
 def _check_quant(op: str, result: Tensor, input: Tensor, scale: Tensor, shape: tuple) -> None:
     _check(op, result.dtype == quant_fp8.FP8_DTYPE,
-           lambda: f"`result` is {result.dtype} but must be {quant_fp8.FP8_DTYPE}; allocate it with "
-           f"torch.empty(..., dtype={quant_fp8.FP8_DTYPE})")
+           lambda: f"`result` is {result.dtype} but must be {quant_fp8.FP8_DTYPE}; allocate it "
+           f"with torch.empty(..., dtype={quant_fp8.FP8_DTYPE})")
     _check(op, input.dtype in _QUANT_INPUT_DTYPES,
            lambda: f"`input` is {input.dtype}; it must be one of {list(_QUANT_INPUT_DTYPES)}")
     _check(op, tuple(result.shape) == tuple(shape),
-           lambda: f"`result` has shape {tuple(result.shape)} but must be {tuple(shape)} for `input` of "
-           f"shape {tuple(input.shape)}")
+           lambda: f"`result` has shape {tuple(result.shape)} but must be {tuple(shape)} for "
+           f"`input` of shape {tuple(input.shape)}")
     _check(op, scale.numel() == 1,
-           lambda: f"`scale` has {scale.numel()} elements (shape {tuple(scale.shape)}); static per-tensor "
-           "quantization takes a 1-element float32 tensor")
-    _check(op, scale.dtype == torch.float32, lambda: f"`scale` is {scale.dtype}; it must be torch.float32")
+           lambda: f"`scale` has {scale.numel()} elements (shape {tuple(scale.shape)}); static "
+           "per-tensor quantization takes a 1-element float32 tensor")
+    _check(op, scale.dtype == torch.float32, lambda: f"`scale` is {scale.dtype}; it must be "
+                                                     "torch.float32")
     for name, t in (("result", result), ("scale", scale)):
         _check(op, t.device == input.device,
-               lambda: f"`{name}` is on {t.device} but `input` is on {input.device}; move them to one device")
+               lambda: f"`{name}` is on {t.device} but `input` is on "
+                       f"{input.device}; move them to one device")
 
 
 @_register(mutates_args=["result"])
 def static_scaled_fp8_quant(result: Tensor, input: Tensor, scale: Tensor) -> None:
     _check_quant("static_scaled_fp8_quant", result, input, scale, input.shape)
-    fn = quant_fp8.static_scaled_fp8_quant_triton if _use_triton_fp8(input) else quant_fp8.static_scaled_fp8_quant_ref
+    fn = quant_fp8.static_scaled_fp8_quant_triton if _use_triton_fp8(
+        input) else quant_fp8.static_scaled_fp8_quant_ref
     fn(result, input, scale)
 
 
@@ -293,7 +314,8 @@ def fused_add_rms_norm_static_fp8_quant(
     op = "fused_add_rms_norm_static_fp8_quant"
     _check_like(op, {"input": input, "residual": residual, "weight": weight})
     _check(op, residual.shape == input.shape,
-           lambda: f"`residual` has shape {tuple(residual.shape)} but `input` has {tuple(input.shape)}")
+           lambda: f"`residual` has shape {tuple(residual.shape)} but "
+                   f"`input` has {tuple(input.shape)}")
     _check_norm(op, input, weight)
     _check_quant(op, result, input, scale, input.shape)
     fn = (quant_fp8.fused_add_rms_norm_static_fp8_quant_triton if _use_triton_fp8(input)
@@ -306,10 +328,11 @@ def silu_and_mul_quant(result: Tensor, input: Tensor, scale: Tensor) -> None:
     """silu_and_mul then static_scaled_fp8_quant: result [..., d] fp8 from input [..., 2d]."""
     op = "silu_and_mul_quant"
     _check(op, input.dim() > 0 and input.shape[-1] % 2 == 0,
-           lambda: f"`input` has shape {tuple(input.shape)}; its last dimension must be even (gate and up "
-           "halves side by side)")
+           lambda: f"`input` has shape {tuple(input.shape)}; its last dimension must be even (gate "
+           "and up halves side by side)")
     _check_quant(op, result, input, scale, (*input.shape[:-1], input.shape[-1] // 2))
-    fn = quant_fp8.silu_and_mul_quant_triton if _use_triton_fp8(input) else quant_fp8.silu_and_mul_quant_ref
+    fn = quant_fp8.silu_and_mul_quant_triton if _use_triton_fp8(
+        input) else quant_fp8.silu_and_mul_quant_ref
     fn(result, input, scale)
 
 
@@ -334,8 +357,8 @@ def unified_attention_with_output(
     _check(op, output.shape == query.shape,
            lambda: f"`output` has shape {tuple(output.shape)} but `query` has {tuple(query.shape)}")
     _check(op, key.shape == value.shape and key.shape[0] == query.shape[0],
-           lambda: f"`key` {tuple(key.shape)} and `value` {tuple(value.shape)} must match each other and "
-           f"have {query.shape[0]} tokens like `query`")
+           lambda: f"`key` {tuple(key.shape)} and `value` {tuple(value.shape)} must match each "
+           f"other and have {query.shape[0]} tokens like `query`")
     ctx = get_forward_context()
     layer = _layer(op, layer_name, ctx)
     md = ctx.attn_metadata
@@ -343,7 +366,8 @@ def unified_attention_with_output(
         output.zero_()
         return
     _check(op, md.num_tokens == query.shape[0],
-           lambda: f"the batch has {query.shape[0]} tokens but the attention metadata describes {md.num_tokens}")
+           lambda: f"the batch has {query.shape[0]} tokens but the attention metadata "
+                   f"describes {md.num_tokens}")
     hd = layer.head_size
     paged_attention.reshape_and_cache_ref(
         key.view(-1, layer.num_kv_heads, hd), value.view(-1, layer.num_kv_heads, hd),
@@ -352,7 +376,8 @@ def unified_attention_with_output(
         query.view(-1, layer.num_heads, hd), layer.kv_cache, md.query_start_loc, md.seq_lens,
         md.block_table, layer.scale)
     output.copy_(out.view_as(output))
-    output[md.num_real_tokens:].zero_()  # CUDA-graph padding: in no sequence, left undefined by the kernel
+    # CUDA-graph padding: in no sequence, left undefined by the kernel
+    output[md.num_real_tokens:].zero_()
 
 
 @_register(mutates_args=["output"])
@@ -363,7 +388,8 @@ def short_conv(hidden_states: Tensor, output: Tensor, layer_name: str) -> None:
     op = "short_conv"
     _check_like(op, {"hidden_states": hidden_states, "output": output})
     _check(op, output.shape == hidden_states.shape,
-           lambda: f"`output` has shape {tuple(output.shape)} but `hidden_states` has {tuple(hidden_states.shape)}")
+           lambda: f"`output` has shape {tuple(output.shape)} but `hidden_states` has "
+                   f"{tuple(hidden_states.shape)}")
     ctx = get_forward_context()
     layer = _layer(op, layer_name, ctx)
     md = ctx.attn_metadata
@@ -374,7 +400,8 @@ def short_conv(hidden_states: Tensor, output: Tensor, layer_name: str) -> None:
     bx = b_gate * x
     cuda = _use_triton(hidden_states)
     if md.is_decode_only:  # one new token per sequence: roll each state window by one
-        update = causal_conv1d.causal_conv1d_update if cuda else causal_conv1d.causal_conv1d_update_ref
+        update = (causal_conv1d.causal_conv1d_update if cuda
+                  else causal_conv1d.causal_conv1d_update_ref)
         n = md.num_real_tokens  # one token per sequence; CUDA-graph padding after them gets zeros
         y = torch.zeros_like(bx)
         y[:n] = update(bx[:n], layer.conv_state, layer.conv_weight, None, None,

@@ -52,8 +52,10 @@ def create_concrete_args(graph: fx.GraphModule, size: int) -> list[Any]:
             shape = [_concretize(d, size) for d in value.shape]
             stride = [_concretize(d, size) for d in value.stride()]
             offset = _concretize(value.storage_offset(), size)
-            extent = offset + sum((n - 1) * st for n, st in zip(shape, stride)) + 1 if all(shape) else offset
-            with fake_mode:  # a view into a storage large enough for the offset, as the real input is
+            extent = offset + sum((n - 1) * st
+                                  for n, st in zip(shape, stride)) + 1 if all(shape) else offset
+            # a view into a storage large enough for the offset, as the real input is
+            with fake_mode:
                 base = torch.empty(extent, dtype=value.dtype, device=value.device)
                 value = base.as_strided(shape, stride, offset)
         else:
@@ -69,7 +71,8 @@ def get_fake_args_from_graph(graph: fx.GraphModule) -> list[Any]:
 
 
 class PiecewiseBackend:
-    def __init__(self, graph: fx.GraphModule, vllm_backend: "VllmBackend", piecewise_compile_index: int,
+    def __init__(self, graph: fx.GraphModule, vllm_backend: "VllmBackend",
+                 piecewise_compile_index: int,
                  total_piecewise_compiles: int, sym_shape_indices: list[int],
                  submod_name: str = ""):
         self.graph = graph
@@ -79,9 +82,11 @@ class PiecewiseBackend:
         if not sym_shape_indices:
             raise RuntimeError(f"piece {piecewise_compile_index} takes no num_tokens argument; "
                                "a piece must depend on the marked dynamic dimension")
-        self._init_dispatch(vllm_backend.compilation_config, piecewise_compile_index, sym_shape_indices)
+        self._init_dispatch(vllm_backend.compilation_config, piecewise_compile_index,
+                            sym_shape_indices)
         self.range_entries: dict[Range, RangeEntry] = {}
-        for size in self.compile_sizes:  # a size is its own single-size range, winning over its range
+        # a size is its own single-size range, winning over its range
+        for size in self.compile_sizes:
             self.range_entries[Range(size, size)] = RangeEntry(Range(size, size))
         for r in self.compile_ranges:
             self.range_entries.setdefault(r, RangeEntry(r))
@@ -94,7 +99,8 @@ class PiecewiseBackend:
         self = cls.__new__(cls)
         self.graph, self.vllm_backend = None, None
         self._init_dispatch(compilation_config, index, sym_shape_indices)
-        self.range_entries = {r: RangeEntry(r, CompiledEntry(fn, r, index)) for r, fn in runnables.items()}
+        self.range_entries = {r: RangeEntry(r, CompiledEntry(fn, r, index))
+                              for r, fn in runnables.items()}
         return self
 
     def _init_dispatch(self, cc, index: int, sym_shape_indices: list[int]) -> None:
@@ -150,7 +156,8 @@ class PiecewiseBackend:
         if entry is None:
             raise ValueError(
                 f"num_tokens={runtime_shape} is outside every compiled entry (sizes "
-                f"{self.compile_sizes}, ranges {self.compile_ranges}); raise max_num_batched_tokens "
-                "or add a compile size/range to the CompilationConfig (nothing is recompiled at run time)")
+                f"{self.compile_sizes}, ranges {self.compile_ranges}); raise "
+                "max_num_batched_tokens or add a compile size/range to the CompilationConfig "
+                "(nothing is recompiled at run time)")
         self._entry_for_shape[runtime_shape] = entry
         return entry.compiled.runnable(*args)

@@ -2,14 +2,16 @@
 
     cold               empty compile cache and empty Inductor cache: Dynamo, split, every Inductor
                        compile, then the AOT file saved (the mega artifact: the default)
-    aot_load           the saved AOT file, with the pieces inside it: no trace, no backend, no compile
+    aot_load           the saved AOT file, with the pieces inside it: no trace, no backend, no
+                       compile
     aot_load_probing   the same, with Inductor's CPU vector-ISA probe run again (its stored answer
                        removed, see cpu_isa.py): what the AOT load cost before that answer was kept
-    aot_load_non_mega  VLLM_USE_MEGA_AOT_ARTIFACT=0 (after its own cold start, cold_non_mega): the AOT
-                       file holds the Dynamo graph; the backend runs again and loads every piece
-                       through its index
+    aot_load_non_mega  VLLM_USE_MEGA_AOT_ARTIFACT=0 (after its own cold start, cold_non_mega):
+                       the AOT file holds the Dynamo graph; the backend runs again and loads every
+                       piece through its index
     warm_no_aot        VLLM_USE_AOT_COMPILE=0 (after its own cold start, cold_no_aot): Dynamo traces
-                       again, and Inductor's cache, moved into the compile cache, serves every kernel
+                       again, and Inductor's cache, moved into the compile cache, serves every
+                       kernel
 
 Each child puts the model where `envs.default_device()` says (the GPU when there is one).
 Used by the benchmark (python -m minivllm_compile.bench) and notebook 09. A measurement, never a
@@ -112,7 +114,8 @@ def start_child(spec: dict) -> dict:
             "checksum": float(out.double().sum())}
 
 
-def run_start(cache_root: str, inductor_cache: str, spec: dict, extra_env: dict | None = None) -> dict:
+def run_start(cache_root: str, inductor_cache: str, spec: dict,
+              extra_env: dict | None = None) -> dict:
     """One start-up (`start_child`) in a fresh process, with these caches; timed from its spawn."""
     # Inductor keeps Triton's compiled kernels under its own cache dir unless TRITON_CACHE_DIR says
     # otherwise: without it unset, a "cold" start on a GPU would find last run's kernels
@@ -137,7 +140,8 @@ STARTS = {
 }
 
 
-def startup_times(layers: int = 2, sizes: list[int] | None = None, endpoints: list[int] | None = None,
+def startup_times(layers: int = 2, sizes: list[int] | None = None,
+                  endpoints: list[int] | None = None,
                   max_tokens: int = 64, repeats: int = 3) -> dict:
     """Median first-call seconds of each start in STARTS, `repeats` each, every start its own
     process, in that order (each cold start fills the cache the next starts of its group read);
@@ -152,16 +156,19 @@ def startup_times(layers: int = 2, sizes: list[int] | None = None, endpoints: li
                 if name == "aot_load_probing":  # the ISA answer the cold start stored: gone
                     (Path(roots[group]) / RECORD_NAME).unlink(missing_ok=True)
                 # Inductor's cache starts empty for each group (with AOT off it moves into the root)
-                runs[name].append(run_start(roots[group], str(Path(tmp) / f"inductor_{group}"), spec, env))
+                runs[name].append(run_start(roots[group], str(Path(tmp) / f"inductor_{group}"),
+                                            spec, env))
     med = {k: statistics.median(r["first_call_s"] for r in v) for k, v in runs.items()}
     process = {k: statistics.median(r["process_s"] for r in v) for k, v in runs.items()}
-    spread = {k: [round(min(r["first_call_s"] for r in v), 3), round(max(r["first_call_s"] for r in v), 3)]
+    spread = {k: [round(min(r["first_call_s"] for r in v), 3),
+                  round(max(r["first_call_s"] for r in v), 3)]
               for k, v in runs.items()}
     return {"spec": spec, "median_s": med, "min_max_s": spread, "runs": runs,
             "aot_speedup_vs_cold": med["cold"] / med["aot_load"],
-            # what a user waits for: spawn to first logits (interpreter, imports, build, load or compile,
-            # first call); process_exit_median_s to the process's exit
+            # what a user waits for: spawn to first logits (interpreter, imports, build, load or
+            # compile, first call); process_exit_median_s to the process's exit
             "process_median_s": process,
-            "process_exit_median_s": {k: statistics.median(r["process_exit_s"] for r in v) for k, v in runs.items()},
+            "process_exit_median_s": {k: statistics.median(r["process_exit_s"] for r in v)
+                                      for k, v in runs.items()},
             "process_speedup_vs_cold": process["cold"] / process["aot_load"],
             "checksums_equal": len({r["checksum"] for v in runs.values() for r in v}) == 1}

@@ -30,7 +30,8 @@ def choose_threads(device: str) -> str:
     if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
         return f"1 (torch's default here: {default}; set OMP_NUM_THREADS to choose)"
-    return f"{default} (torch's default{', from OMP_NUM_THREADS' if 'OMP_NUM_THREADS' in os.environ else ''})"
+    return (f"{default} (torch's "
+            f"default{', from OMP_NUM_THREADS' if 'OMP_NUM_THREADS' in os.environ else ''})")
 
 
 def main() -> int:
@@ -42,8 +43,8 @@ def main() -> int:
         outs = lm.generate(PROMPTS, max_new_tokens=96, **decoding)
         dt = time.perf_counter() - t0
         how = ("greedy" if not decoding["temperature"] else
-               f"sampled at temperature {decoding['temperature']}, seed {decoding['seed']}: greedy decoding "
-               "of this model loops on indentation")
+               f"sampled at temperature {decoding['temperature']}, seed {decoding['seed']}: greedy "
+               "decoding of this model loops on indentation")
         print(f"=== {name}: {sum(p.numel() for p in lm.model.parameters()) / 1e6:.2f}M parameters, "
               f"{len(PROMPTS)} prompts x 96 new tokens in {dt:.1f} s (eager, {how})")
         for p, o in zip(PROMPTS, outs):
@@ -62,7 +63,8 @@ def compiled_tour(device: str) -> None:
     every size and range; saved, so the next tour loads it instead (seed §10)."""
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[1, 4],
                            compile_ranges_endpoints=[16], max_num_batched_tokens=128)
-    eager, lm = load_model("tiny-llama", device=device), load_model("tiny-llama", compilation_config=cc, device=device)
+    eager, lm = load_model("tiny-llama", device=device), load_model(
+        "tiny-llama", compilation_config=cc, device=device)
     before = compilation_counter.clone()
     t0 = time.perf_counter()
     lm.warmup()
@@ -72,7 +74,8 @@ def compiled_tour(device: str) -> None:
     compiles = moved["num_unique_compiles"]  # identical layers share one
     print("=== tiny-llama under VLLM_COMPILE: "
           + (f"loaded the saved AOT artifact in {dt:.1f} s (no trace, no compile)" if loaded else
-             f"traced once, split into {pieces} pieces, {compiles} Inductor compiles in {dt:.1f} s"))
+             f"traced once, split into {pieces} pieces, {compiles} "
+             f"Inductor compiles in {dt:.1f} s"))
     same = lm.generate(PROMPTS, max_new_tokens=48) == eager.generate(PROMPTS, max_new_tokens=48)
     print(f"greedy text identical to eager: {same}; compile cache: {cache_files.cache_root()}")
     if not same:

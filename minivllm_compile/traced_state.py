@@ -88,7 +88,8 @@ def stable_value(guard_type: str, value: Any) -> str | None:
     if guard_type in _KEYS:
         return _constant(tuple(value.keys())) if hasattr(value, "keys") else None
     if guard_type == "TENSOR_MATCH" and isinstance(value, torch.Tensor):
-        return f"{value.dtype}, {value.device.type}, sizes {tuple(value.shape)}, strides {value.stride()}"
+        return (f"{value.dtype}, {value.device.type}, sizes "
+                f"{tuple(value.shape)}, strides {value.stride()}")
     return None
 
 
@@ -128,7 +129,8 @@ def _evaluate(name: str, model: torch.nn.Module) -> Any:
 
     forward = type(model).forward
     scope = dict(guards._get_closure_vars()) if hasattr(guards, "_get_closure_vars") else {}
-    scope.update(L={**closure(forward), "self": model}, G=forward.__globals__, __builtins__=builtins)
+    scope.update(L={**closure(forward), "self": model}, G=forward.__globals__,
+                 __builtins__=builtins)
     return eval(name, scope)
 
 

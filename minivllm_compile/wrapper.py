@@ -80,18 +80,20 @@ class WholeGraphBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         if self.trace_once and self.graphs:
-            # with the guards dropped, Dynamo traces again only when the cache entry is gone: someone
-            # ran remove_from_cache on the code object this model compiled. Each instance compiles a
-            # copy of its own (wrapper.own_forward), so that takes a class whose instances share one,
-            # as vLLM's do: another instance's first call with the hook on. This trace is no first
-            # call, so nothing marked the dims dynamic: its graph is static, and nothing stops it
-            # serving every size (notebook 04, exercise 04.1)
-            logger.warning("DYNAMO_TRACE_ONCE traced this model again (trace %d): its cache entry was dropped "
-                           "(remove_from_cache on the forward code it compiled: by an instance sharing that "
-                           "code object, with VLLM_USE_BYTECODE_HOOK=1?); this graph has static shapes and "
-                           "will serve every size. Let each instance compile its own forward code "
+            # with the guards dropped, Dynamo traces again only when the cache entry is gone:
+            # someone ran remove_from_cache on the code object this model compiled. Each instance
+            # compiles a copy of its own (wrapper.own_forward), so that takes a class whose
+            # instances share one, as vLLM's do: another instance's first call with the hook on.
+            # This trace is no first call, so nothing marked the dims dynamic: its graph is static,
+            # and nothing stops it serving every size (notebook 04, exercise 04.1)
+            logger.warning("DYNAMO_TRACE_ONCE traced this model again (trace %d): its cache entry "
+                           "was dropped (remove_from_cache on the forward code it compiled: by an "
+                           "instance sharing that code object, with VLLM_USE_BYTECODE_HOOK=1?); "
+                           "this graph has static shapes and will serve every size. Let each "
+                           "instance compile its own forward code "
                            "(TorchCompileWithNoGuardsWrapper.own_forward), or use one "
-                           "VLLM_USE_BYTECODE_HOOK setting per process, as vLLM does", len(self.graphs) + 1)
+                           "VLLM_USE_BYTECODE_HOOK setting per process, as vLLM "
+                           "does", len(self.graphs) + 1)
         self.dynamo_time_s = dynamo_transform_time()
         self.graphs.append(gm)
         # vLLM passes the backend's name to torch.compile in these modes: none of its counters
@@ -148,11 +150,13 @@ class TorchCompileWithNoGuardsWrapper:
                                "DYNAMO_TRACE_ONCE or VLLM_COMPILE")
         # settings that cannot work together fail here, at construction, saying what to change
         if ds.evaluate_guards and hook:
-            raise ValueError("dynamic_shapes_config.evaluate_guards=True needs VLLM_USE_BYTECODE_HOOK=0: "
-                             "the hook's remove_from_cache would wipe the guards it should evaluate")
+            raise ValueError("dynamic_shapes_config.evaluate_guards=True needs "
+                             "VLLM_USE_BYTECODE_HOOK=0: the hook's remove_from_cache would wipe "
+                             "the guards it should evaluate")
         if ds.type == DynamicShapesType.UNBACKED and hook:
-            raise ValueError("DynamicShapesType.UNBACKED needs VLLM_USE_BYTECODE_HOOK=0: the hook's "
-                             "remove_from_cache forces a fresh trace that loses the unbacked symbols")
+            raise ValueError("DynamicShapesType.UNBACKED needs VLLM_USE_BYTECODE_HOOK=0: "
+                             "the hook's remove_from_cache forces a fresh trace that "
+                             "loses the unbacked symbols")
         self.first_compile = True
         self.guard_table: list[GuardRow] = []
         # what this instance compiles: forward, with a code object of its own (see own_forward)
@@ -181,7 +185,8 @@ class TorchCompileWithNoGuardsWrapper:
         options = None if guard_filter is None else \
             {"guard_filter_fn": self._recording(guard_filter)}
         self._compiled_callable = torch.compile(
-            MethodType(self._forward_function, self), fullgraph=True, dynamic=False, backend=backend,
+            MethodType(self._forward_function, self), fullgraph=True, dynamic=False,
+            backend=backend,
             options=options)
         if hook:
             # a weak reference, so a registered hook does not keep every model ever built alive
@@ -218,8 +223,8 @@ class TorchCompileWithNoGuardsWrapper:
     def aot_compile(self, *args: Any, **kwargs: Any):
         """Trace and compile now, returning torch's AOTCompiledFunction (saveable, loadable)."""
         if not hasattr(self._compiled_callable, "aot_compile"):
-            raise RuntimeError(f"this torch ({torch.__version__}) has no torch.compile(...).aot_compile; "
-                               "set VLLM_USE_AOT_COMPILE=0")
+            raise RuntimeError(f"this torch ({torch.__version__}) has no "
+                               "torch.compile(...).aot_compile; set VLLM_USE_AOT_COMPILE=0")
         self.first_compile = False
         return self._compiled_callable.aot_compile((args, kwargs))
 
@@ -233,8 +238,9 @@ class TorchCompileWithNoGuardsWrapper:
                 torch._dynamo.eval_frame.remove_from_cache(self.original_code_object())
                 output = self._compiled_callable(*args, **kwargs)
                 if self._compiled_bytecode is None:  # else every call would trace again
-                    raise RuntimeError("the bytecode hook did not capture Dynamo's transformed code for "
-                                       f"{type(self).__name__}.forward; set VLLM_USE_BYTECODE_HOOK=0")
+                    raise RuntimeError("the bytecode hook did not capture Dynamo's "
+                                       f"transformed code for {type(self).__name__}.forward; "
+                                       "set VLLM_USE_BYTECODE_HOOK=0")
                 return output
             return self._compiled_forward(self, *args, **kwargs)
         # hook off: every call goes through Dynamo's frame evaluation (guards all dropped, or only
@@ -284,10 +290,11 @@ class TorchCompileWithNoGuardsWrapper:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(decompile(new_code))
             logger.debug("Dynamo transformed code saved to %s", path)
-        # vLLM's condition (compilation/wrapper.py): only a captured graph loses the replayed assignment;
-        # without one, `update` runs each call and the buffer is right. Checked before keeping the code,
-        # so that a retry cannot run it
-        if self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE and "update" in new_code.co_names:
+        # vLLM's condition (compilation/wrapper.py): only a captured graph loses the replayed
+        # assignment; without one, `update` runs each call and the buffer is right. Checked before
+        # keeping the code, so that a retry cannot run it
+        if (self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE
+                and "update" in new_code.co_names):
             raise RuntimeError(buffer_mutation_message(self, new_code))
         self._compiled_bytecode = new_code
         # called as a plain function from now on: sound because Dynamo keeps the transformed
@@ -312,7 +319,8 @@ def decompile(code: CodeType) -> str:
 
 
 def buffer_mutation_message(module: torch.nn.Module, new_code: CodeType) -> str:
-    """Name the forward lines that assign a buffer, and show the transformed code that replays it."""
+    """Name the forward lines that assign a buffer, and show the
+    transformed code that replays it."""
     buffers = {name for name, _ in module.named_buffers(recurse=False)}
     src_lines, first = inspect.getsourcelines(type(module).forward)
     file = inspect.getsourcefile(type(module).forward)
@@ -321,12 +329,16 @@ def buffer_mutation_message(module: torch.nn.Module, new_code: CodeType) -> str:
         targets = node.targets if isinstance(node, ast.Assign) else (
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
         for t in targets:
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" \
+            if isinstance(t, ast.Attribute) and isinstance(t.value,
+                                                           ast.Name) and t.value.id == "self" \
                     and t.attr in buffers:
                 line = first + node.lineno - 1
-                culprits.append(f"  {os.path.basename(file)}:{line}: {src_lines[node.lineno - 1].strip()}")
-    where = "\n".join(culprits) or "  (no direct `self.<buffer> = ...` found; search the code below)"
-    return ("forward assigns a buffer of the module, which the compiled code replays with `update`: "
-            "with captured graphs (CUDA graphs) the new value would be silently lost. Keep state out of "
-            f"forward or run it eagerly (CompilationMode.NONE). The assignment:\n{where}\n"
-            f"Dynamo's transformed code (search for `update`):\n{decompile(new_code)}")
+                culprits.append(f"  {os.path.basename(file)}:{line}: "
+                                f"{src_lines[node.lineno - 1].strip()}")
+    where = "\n".join(
+        culprits) or "  (no direct `self.<buffer> = ...` found; search the code below)"
+    return ("forward assigns a buffer of the module, which the compiled code replays with "
+            "`update`: with captured graphs (CUDA graphs) the new value would be silently lost. "
+            "Keep state out of forward or run it eagerly (CompilationMode.NONE). The "
+            f"assignment:\n{where}\nDynamo's transformed code (search for "
+            f"`update`):\n{decompile(new_code)}")

@@ -22,7 +22,8 @@ stripped first, so the slider found can only be one the run just made. Only the 
 Exit status: 0 the check passed; 1 it failed (a message on stderr says which step and why);
 2 a prerequisite is missing (chromium, playwright, jupyterlab). JupyterLab is always shut down.
 
-    .venv/bin/python scripts/browser_check.py [--notebook 07_piecewise_backend.ipynb] [--timeout 1200]
+    .venv/bin/python scripts/browser_check.py [--notebook 07_piecewise_backend.ipynb]
+        [--timeout 1200]
     .venv/bin/python scripts/browser_check.py --exercise 06.1
 """
 
@@ -60,7 +61,8 @@ class Missing(Exception):
 
 
 class Deadline(BaseException):
-    """--timeout ran out (raised from SIGALRM; a BaseException so that no `except OSError` eats it)."""
+    """--timeout ran out (raised from SIGALRM; a BaseException so that no
+    `except OSError` eats it)."""
 
 
 def log(msg: str) -> None:
@@ -74,7 +76,8 @@ def step(name: str) -> None:
 
 
 def find_chromium(explicit: str | None) -> str:
-    path = explicit or os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    path = explicit or os.environ.get("CHROMIUM") or shutil.which(
+        "chromium") or shutil.which("chromium-browser")
     if not path or not os.access(path, os.X_OK):
         raise Missing("no chromium binary found: install it with `apt-get install -y chromium` "
                       "(or pass --chromium PATH / set CHROMIUM)")
@@ -95,7 +98,8 @@ def prepare_copy(tmp: Path, source_dir: Path, notebook: str) -> Path:
     if not src.is_file():
         raise CheckFailed(f"no notebook {src}")
     dst_dir = tmp / "notebooks"
-    shutil.copytree(source_dir, dst_dir, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    shutil.copytree(source_dir, dst_dir, ignore=shutil.ignore_patterns(".ipynb_checkpoints",
+                                                                       "__pycache__"))
     dst = dst_dir / notebook
     nb = nbformat.read(dst, as_version=4)
     for cell in nb.cells:
@@ -108,7 +112,8 @@ def prepare_copy(tmp: Path, source_dir: Path, notebook: str) -> Path:
 
 
 def write_lab_settings(settings_dir: Path) -> None:
-    """User settings for this run only: every cell in the DOM (no windowing), no news/update toasts."""
+    """User settings for this run only: every cell in the DOM (no windowing),
+    no news/update toasts."""
     files = {
         "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
         "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
@@ -121,7 +126,8 @@ def write_lab_settings(settings_dir: Path) -> None:
 
 
 def api(port: int, token: str, path: str, timeout: float = 5.0):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"token {token}"})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 headers={"Authorization": f"token {token}"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read().decode())
 
@@ -130,15 +136,16 @@ def start_lab(tmp: Path, root_dir: Path, port: int, token: str) -> tuple[subproc
     try:
         import jupyterlab  # noqa: F401
     except ImportError:
-        raise Missing(f"jupyterlab is not importable from {sys.executable}: run this script with the "
-                      "project's environment (.venv/bin/python)") from None
+        raise Missing(f"jupyterlab is not importable from {sys.executable}: run this script with "
+                      "the project's environment (.venv/bin/python)") from None
     env = dict(os.environ)
     env.update(
         TRITON_INTERPRET="1",
         VLLM_DISABLE_COMPILE_CACHE="1",
         VLLM_CACHE_ROOT=str(tmp / "vllm_cache"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor_cache"),
-        JUPYTER_CONFIG_DIR=str(tmp / "jupyter_config"),   # no user config (passwords, extensions settings)
+        # no user config (passwords, extensions settings)
+        JUPYTER_CONFIG_DIR=str(tmp / "jupyter_config"),
         JUPYTER_RUNTIME_DIR=str(tmp / "jupyter_runtime"),
         PYTHONUNBUFFERED="1",
     )
@@ -168,25 +175,29 @@ def start_lab(tmp: Path, root_dir: Path, port: int, token: str) -> tuple[subproc
     return proc, log_path
 
 
-def wait_for_lab(proc: subprocess.Popen, port: int, token: str, log_path: Path, timeout: float) -> None:
+def wait_for_lab(proc: subprocess.Popen, port: int, token: str, log_path: Path,
+                 timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise CheckFailed(f"JupyterLab exited with status {proc.returncode} before it answered:\n"
+            raise CheckFailed("JupyterLab exited with status "
+                              f"{proc.returncode} before it answered:\n"
                               + tail(log_path))
         try:
             api(port, token, "/api/status", timeout=2)
             return
         except (urllib.error.URLError, OSError, ValueError):
             time.sleep(0.5)
-    raise CheckFailed(f"JupyterLab did not answer on port {port} within {timeout:.0f} s:\n" + tail(log_path))
+    raise CheckFailed(f"JupyterLab did not answer on port {port} within {timeout:.0f} s:\n"
+                      + tail(log_path))
 
 
 def stop_lab(proc: subprocess.Popen) -> None:
     if proc.poll() is not None:
         return
     try:
-        os.killpg(proc.pid, signal.SIGTERM)   # the server and the kernels it started (its own session)
+        # the server and the kernels it started (its own session)
+        os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
     try:
@@ -232,29 +243,34 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
 
 
 PROMPTS_JS = """() => Array.from(document.querySelectorAll(
-    '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')).map(e => e.textContent.trim())"""
+    '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt'))
+    .map(e => e.textContent.trim())"""
 
 # the text the output area around the slider shows, the slider itself left out
 SLIDER_OUTPUT_JS = """(el) => {
-    const area = el.closest('.jp-Cell-outputArea') || el.closest('.jp-OutputArea') || el.parentElement;
+    const area = el.closest('.jp-Cell-outputArea') || el.closest('.jp-OutputArea')
+        || el.parentElement;
     const clone = area.cloneNode(true);
-    clone.querySelectorAll('.widget-slider, .widget-hslider, .widget-vslider').forEach(s => s.remove());
+    clone.querySelectorAll('.widget-slider, .widget-hslider, .widget-vslider')
+        .forEach(s => s.remove());
     return clone.innerText.trim();
 }"""
 
 
 def check_saved_notebook(path: Path, notebook: str) -> int:
     nb = json.loads(path.read_text())
-    code = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    code = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+            and "".join(c["source"]).strip()]
     for i, cell in code:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 first = "".join(cell["source"]).strip().splitlines()[0]
-                raise CheckFailed(f"cell {i} of {notebook} raised {out.get('ename')}: {out.get('evalue')}\n"
-                                  f"    (the cell starts: {first!r})")
+                raise CheckFailed(f"cell {i} of {notebook} raised {out.get('ename')}: "
+                                  f"{out.get('evalue')}\n    (the cell starts: {first!r})")
     not_run = [i for i, c in code if c.get("execution_count") is None]
     if not_run:
-        raise CheckFailed(f"the notebook did not run to its end: cells {not_run} have no execution count")
+        raise CheckFailed("the notebook did not run to its end: cells "
+                          f"{not_run} have no execution count")
     return len(code)
 
 
@@ -295,7 +311,8 @@ def run_check(args) -> None:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 page_errors: list[str] = []
                 page.on("pageerror", lambda e: page_errors.append(str(e)))
-                page.on("console", lambda m: page_errors.append(m.text) if m.type == "error" else None)
+                page.on("console", lambda m: page_errors.append(m.text)
+                        if m.type == "error" else None)
                 try:
                     drive(page, port, token, args, nb_path, log_path, page_errors)
                 except PlaywrightError as e:
@@ -325,7 +342,8 @@ def run_check(args) -> None:
 def errors_text(page_errors: list[str]) -> str:
     if not page_errors:
         return ""
-    return "\n    browser console errors:\n" + "\n".join("      " + e[:300] for e in page_errors[-10:])
+    return "\n    browser console errors:\n" + "\n".join("      " + e[:300]
+                                                         for e in page_errors[-10:])
 
 
 def remaining(args) -> float:
@@ -389,7 +407,8 @@ def drive(page, port, token, args, nb_path: Path, log_path: Path, page_errors: l
     step("saving the copy and reading its outputs")
     before = nb_path.stat().st_mtime_ns
     page.keyboard.press("Control+s")
-    wait_until(lambda: nb_path.stat().st_mtime_ns != before, 30, "the copy of the notebook was not saved")
+    wait_until(lambda: nb_path.stat().st_mtime_ns != before, 30,
+               "the copy of the notebook was not saved")
     time.sleep(0.5)
     n_code = check_saved_notebook(nb_path, nb)
     log(f"all {n_code} code cells ran, none raised")
@@ -405,7 +424,8 @@ def drive(page, port, token, args, nb_path: Path, log_path: Path, page_errors: l
     handle = slider.locator(".noUi-handle").first
 
     def value():
-        return readout.inner_text().strip() if readout.count() else handle.get_attribute("aria-valuenow")
+        return (readout.inner_text().strip() if readout.count()
+                else handle.get_attribute("aria-valuenow"))
 
     def shown():
         return slider.evaluate(SLIDER_OUTPUT_JS)
@@ -425,7 +445,8 @@ def drive(page, port, token, args, nb_path: Path, log_path: Path, page_errors: l
         page.mouse.up()
     v1 = value()
     if v1 == v0:
-        raise CheckFailed(f"the slider did not move: it still reads {v0} after ArrowRight and a drag")
+        raise CheckFailed(f"the slider did not move: it still reads {v0} "
+                          "after ArrowRight and a drag")
 
     step(f"slider moved {v0} -> {v1}; waiting for the output to change")
     stable = {"text": None, "since": 0.0}
@@ -438,7 +459,8 @@ def drive(page, port, token, args, nb_path: Path, log_path: Path, page_errors: l
         if text != stable["text"]:
             stable.update(text=text, since=time.monotonic())
             return False
-        return time.monotonic() - stable["since"] > 1.5 and kernel_states(port, token, nb) == ["idle"]
+        return time.monotonic() - stable["since"] > 1.5 and kernel_states(port, token,
+                                                                          nb) == ["idle"]
     try:
         wait_until(changed, min(args.change_timeout, remaining(args)), "")
     except CheckFailed:
@@ -454,17 +476,23 @@ def drive(page, port, token, args, nb_path: Path, log_path: Path, page_errors: l
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--notebook", default=DEFAULT_NOTEBOOK, help="a notebook in --dir (default: %(default)s)")
+    ap.add_argument("--notebook", default=DEFAULT_NOTEBOOK,
+                    help="a notebook in --dir (default: %(default)s)")
     ap.add_argument("--dir", default=str(NOTEBOOKS),
-                    help="the folder the notebook is in; all of it is copied (default: the repo's notebooks/)")
-    ap.add_argument("--timeout", type=float, default=1200, help="seconds for the whole check (default: %(default)s)")
+                    help="the folder the notebook is in; all of it is copied "
+                         "(default: the repo's notebooks/)")
+    ap.add_argument("--timeout", type=float, default=1200,
+                    help="seconds for the whole check (default: %(default)s)")
     ap.add_argument("--change-timeout", type=float, default=60,
-                    help="seconds to wait for the widget's output to change after the move (default: %(default)s)")
+                    help="seconds to wait for the widget's output to change after the "
+                         "move (default: %(default)s)")
     ap.add_argument("--exercise", metavar="KEY",
                     help="instead of the widget check: the student's path through exercise KEY "
                          "(e.g. 06.1) in its notebook: the starter, a wrong answer, the right one")
-    ap.add_argument("--chromium", help="path of the chromium binary (default: $CHROMIUM or `which chromium`)")
-    ap.add_argument("--keep", action="store_true", help="keep the temp dir (server log, saved copy, screenshot)")
+    ap.add_argument("--chromium", help="path of the chromium binary (default: "
+                                       "$CHROMIUM or `which chromium`)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (server "
+                                                        "log, saved copy, screenshot)")
     args = ap.parse_args(argv)
 
     def on_alarm(signum, frame):
@@ -482,7 +510,8 @@ def main(argv=None) -> int:
         print(f"browser_check: FAILED at step '{STEP}': {e}{note}", file=sys.stderr)
         return 1
     except Deadline:
-        print(f"browser_check: FAILED: timed out after {args.timeout:.0f} s at step '{STEP}'", file=sys.stderr)
+        print(f"browser_check: FAILED: timed out after {args.timeout:.0f} s at step '{STEP}'",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"browser_check: interrupted at step '{STEP}'", file=sys.stderr)

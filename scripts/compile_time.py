@@ -28,7 +28,8 @@ t0 = time.perf_counter()
 lm.warmup()
 wall = time.perf_counter() - t0
 b = lm.model.backend
-print(json.dumps({"layers": a["layers"], "sizes": a["sizes"], "ranges": [str(r) for r in cc.get_compile_ranges()],
+print(json.dumps({"layers": a["layers"], "sizes": a["sizes"],
+                  "ranges": [str(r) for r in cc.get_compile_ranges()],
                   "cold_compile_s": round(wall, 2), "dynamo_s": round(b.dynamo_time_s, 2),
                   "inductor_s": round(sum(e.seconds for e in b.compiler_manager.entries), 2),
                   "num_backend_compilations": compilation_counter.num_backend_compilations,

@@ -34,7 +34,8 @@ from minivllm_compile.models.quant import QUANTIZED_LINEARS, SHARDS, measure_agr
 from minivllm_compile.tour import PROMPTS
 
 ROOT = Path(__file__).resolve().parents[1]
-QUANTIZATION_CONFIG = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+QUANTIZATION_CONFIG = {"quant_method": "fp8", "activation_scheme": "static",
+                       "ignored_layers": ["lm_head"]}
 
 
 def calibration_text(num_seqs: int, seq_len: int) -> torch.Tensor:
@@ -43,7 +44,8 @@ def calibration_text(num_seqs: int, seq_len: int) -> torch.Tensor:
     train_tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_tiny)
     val = train_tiny.load_corpus(12_000_000)[-200_000:]  # train_tiny.py's defaults
-    starts = torch.randint(0, len(val) - seq_len, (num_seqs,), generator=torch.Generator().manual_seed(2))
+    starts = torch.randint(0, len(val) - seq_len, (num_seqs,),
+                           generator=torch.Generator().manual_seed(2))
     return torch.stack([val[s:s + seq_len] for s in starts.tolist()])
 
 
@@ -71,7 +73,8 @@ def quantize(tensors: dict[str, torch.Tensor], absmax: dict[str, float]) -> tupl
         layer, _, leaf = name.rpartition(".")  # model.layers.0.self_attn.q_proj, weight
         hf_linear = layer.rsplit(".", 1)[-1]
         ours = next((o for o, shards in SHARDS.items() if hf_linear in shards), hf_linear)
-        if leaf != "weight" or ours not in QUANTIZED_LINEARS or not layer.startswith("model.layers."):
+        if (leaf != "weight" or ours not in QUANTIZED_LINEARS
+            or not layer.startswith("model.layers.")):
             out[name] = t
             continue
         x_max = absmax[f"{layer.rsplit('.', 1)[0].removeprefix('model.')}.{ours}"]
@@ -79,7 +82,8 @@ def quantize(tensors: dict[str, torch.Tensor], absmax: dict[str, float]) -> tupl
         x_scale = torch.tensor(x_max / FP8_MAX, dtype=torch.float32)
         out[name] = static_scaled_fp8_quant_native(t, w_scale)
         out[f"{layer}.weight_scale"], out[f"{layer}.input_scale"] = w_scale, x_scale
-        scales[layer] = {"weight_scale": w_scale.item(), "input_scale": x_scale.item(), "input_absmax": x_max}
+        scales[layer] = {"weight_scale": w_scale.item(), "input_scale": x_scale.item(),
+                         "input_absmax": x_max}
     return out, scales
 
 
@@ -110,9 +114,12 @@ def main() -> None:
         "made_by": "scripts/quantize_fp8.py",
         "source": "tiny-llama",
         "torch": torch.__version__,
-        "scheme": "FP8 e4m3fn weights and activations, static per-tensor scales (scale = absmax / 448)",
-        "quantized": "every decoder layer's q/k/v/o/gate/up/down_proj; embedding, norms, lm_head stay fp32",
-        "calibration": {"text": "held-out tail (last 200,000 bytes) of train_tiny.py's stdlib corpus",
+        "scheme": "FP8 e4m3fn weights and activations, static per-tensor "
+                  "scales (scale = absmax / 448)",
+        "quantized": "every decoder layer's q/k/v/o/gate/up/down_proj; "
+                     "embedding, norms, lm_head stay fp32",
+        "calibration": {"text": "held-out tail (last 200,000 bytes) of "
+                                "train_tiny.py's stdlib corpus",
                         "sequences": args.num_seqs, "seq_len": args.seq_len},
         "agreement_with_fp32": {"prompts": PROMPTS, **agreement},
         "scales": scales,

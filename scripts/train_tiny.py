@@ -77,7 +77,8 @@ def rope(x, cos, sin):  # NeoX style (rotate halves), as HF Llama
 class Attention(nn.Module):
     def __init__(self, c, qk_norm: bool):
         super().__init__()
-        self.nh, self.nkv, self.hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        self.nh, self.nkv, self.hd = (c["num_attention_heads"],
+                                      c["num_key_value_heads"], c["head_dim"])
         h = c["hidden_size"]
         self.q_proj = nn.Linear(h, self.nh * self.hd, bias=False)
         self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
@@ -224,7 +225,8 @@ def main() -> None:
     # ends on a low learning rate (a busy machine gets fewer steps, not a half-finished schedule)
     while (frac := max(step / args.steps, (time.time() - t0) / budget)) < 1.0:
         elapsed = time.time() - t0
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (
+            0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for group in opt.param_groups:
             group["lr"] = lr
         x, y = batch(train)
@@ -235,12 +237,14 @@ def main() -> None:
         opt.step()
         step += 1
         if step % 25 == 0 or step == 1:
-            entry = {"step": step, "seconds": round(elapsed, 1), "train_loss": round(loss.item(), 4)}
+            entry = {"step": step, "seconds": round(elapsed, 1),
+                     "train_loss": round(loss.item(), 4)}
             if step % 100 == 0:
                 entry["val_loss"] = round(val_loss(), 4)
             history.append(entry)
             print(entry, flush=True)
-    history.append({"step": step, "seconds": round(time.time() - t0, 1), "val_loss": round(val_loss(), 4)})
+    history.append({"step": step, "seconds": round(time.time() - t0, 1),
+                    "val_loss": round(val_loss(), 4)})
     print(history[-1])
 
     out.mkdir(parents=True, exist_ok=True)

@@ -64,8 +64,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "compiles: the test compiles a model (Dynamo, Inductor, or a "
-                            "fresh process that does): left out of the quick tier")
+    config.addinivalue_line("markers", "compiles: the test compiles a model (Dynamo, Inductor, or "
+                            "a fresh process that does): left out of the quick tier")
 
 
 def pytest_collection_modifyitems(config, items):

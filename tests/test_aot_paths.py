@@ -1,10 +1,10 @@
 """The three ways a second process starts from the compile cache, as in vLLM 0.33 (seed §10, §11):
 
     mega AOT artifact (default)  the AOT file holds the pieces' artifacts: no backend, no compile
-    AOT, no mega artifact        the AOT file holds the Dynamo graph: the backend runs again, and each
-                                 piece and entry is loaded through the CompilerManager's index
-    AOT off                      Dynamo traces again; every compile is a hit in Inductor's own cache,
-                                 which the standalone adaptor moved into the compile cache
+    AOT, no mega artifact        the AOT file holds the Dynamo graph: the backend runs again, and
+                                 each piece and entry is loaded through the CompilerManager's index
+    AOT off                      Dynamo traces again; every compile is a hit in Inductor's own
+                                 cache, which the standalone adaptor moved into the compile cache
 
 Each start is a real subprocess (a fresh process is the only honest second start)."""
 
@@ -27,7 +27,8 @@ if os.environ.get("READ_ONLY_CACHE") == "1":  # a cache this process may read bu
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))
     cache_files.atomic_write = refuse
-cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, compile_sizes=[4])
+cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16,
+                       compile_sizes=[4])
 lm = build_model("llama", num_layers=int(os.environ.get("LAYERS", "1")), compilation_config=cc)
 out = lm(torch.arange(7), torch.arange(7))
 torch.save(out, sys.argv[1])
@@ -37,18 +38,22 @@ print("COUNTERS " + json.dumps({**vars(compilation_counter), "inductor": dict(co
                                 "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
 """
 
-PIECES, ENTRIES = 2, 2  # one layer: two compiled pieces around the attention; size 4 and range [1, 16]
+# one layer: two compiled pieces around the attention; size 4 and range [1, 16]
+PIECES, ENTRIES = 2, 2
 
 
-def start(root: Path, out: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    environ = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0", **(env or {})}
+def start(root: Path, out: Path, env: dict
+          | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    environ = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0",
+               **(env or {})}
     for var in ("VLLM_USE_AOT_COMPILE", "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_FORCE_AOT_LOAD"):
         if var not in (env or {}):
             environ.pop(var, None)  # the defaults, unless the test sets one
     proc = subprocess.run([sys.executable, "-c", CHILD, str(out)], env=environ, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, next(json.loads(line[9:]) for line in proc.stdout.splitlines() if line.startswith("COUNTERS "))
+    return proc, next(json.loads(line[9:]) for line in proc.stdout.splitlines()
+                      if line.startswith("COUNTERS "))
 
 
 def rank_dirs(root: Path) -> list[Path]:
@@ -64,11 +69,14 @@ def test_the_mega_artifact_loads_without_the_backend(tmp_path):
     their bytes go into the AOT file; nothing of them is saved beside it, and a load rebuilds the
     stitching graph's pieces from the file alone."""
     _, first = start(tmp_path, tmp_path / "1.pt")
-    assert first["num_inductor_compiles"] == PIECES * ENTRIES and first["num_aot_artifacts_saved"] == 1
+    assert (first["num_inductor_compiles"] == PIECES * ENTRIES
+            and first["num_aot_artifacts_saved"] == 1)
     # counted as vLLM counts them: one per distinct artifact put into the AOT file's store
-    assert first["num_compiled_artifacts_saved"] == PIECES * ENTRIES and first["num_cache_entries_updated"] == 0
+    assert (first["num_compiled_artifacts_saved"] == PIECES * ENTRIES
+            and first["num_cache_entries_updated"] == 0)
     (backbone,) = [d / "backbone" for d in rank_dirs(tmp_path)]
-    assert not list(backbone.glob("artifact_*")) and not (backbone / "vllm_compile_cache.py").exists()
+    assert not list(backbone.glob("artifact_*")) and not (
+        backbone / "vllm_compile_cache.py").exists()
     for d in rank_dirs(tmp_path):
         shutil.rmtree(d)  # the AOT file alone must do
     _, second = start(tmp_path, tmp_path / "2.pt")
@@ -80,9 +88,10 @@ def test_the_mega_artifact_loads_without_the_backend(tmp_path):
 
 
 def test_the_mega_artifact_holds_identical_layers_once(tmp_path):
-    """vLLM's StandaloneCompiledArtifacts keys each entry by its bytes' SHA-256: the middle pieces of
-    identical layers compile to one artifact (CompilerManager reuses it), stored, counted and loaded
-    once. Three layers: pieces first, middle x2, last, each for 2 entries; 3 x 2 distinct artifacts."""
+    """vLLM's StandaloneCompiledArtifacts keys each entry by its bytes' SHA-256: the middle pieces
+    of identical layers compile to one artifact (CompilerManager reuses it), stored, counted and
+    loaded once. Three layers: pieces first, middle x2, last, each for 2 entries; 3
+    x 2 distinct artifacts."""
     env = {"LAYERS": "3"}
     _, first = start(tmp_path, tmp_path / "1.pt", env)
     assert first["num_inductor_compiles"] == 4 * ENTRIES  # every compile call, as vLLM counts them
@@ -97,20 +106,25 @@ def test_without_the_mega_artifact_the_backend_runs_again_and_loads_from_its_ind
     env = {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}
     _, first = start(tmp_path / "a", tmp_path / "1.pt", env)
     assert first["num_inductor_compiles"] == PIECES * ENTRIES
-    assert first["num_compiled_artifacts_saved"] == first["num_cache_entries_updated"] == PIECES * ENTRIES
+    assert (first["num_compiled_artifacts_saved"] == first["num_cache_entries_updated"]
+            == PIECES * ENTRIES)
     (rank,) = rank_dirs(tmp_path / "a")
     index = ast.literal_eval((rank / "backbone" / "vllm_compile_cache.py").read_text())
-    assert sorted(index) == sorted(((r, i, "inductor_standalone") for r in ((1, 16), (4, 4)) for i in range(PIECES)))
+    assert sorted(index) == sorted(((r, i, "inductor_standalone") for r in ((1, 16), (4, 4))
+                                    for i in range(PIECES)))
     for (r, i, _), value in index.items():
         key, path = value["graph_handle"]
-        assert key == f"artifact_compile_range_{r[0]}_{r[1]}_subgraph_{i}" and (rank / "backbone" / key).exists()
+        assert key == f"artifact_compile_range_{r[0]}_{r[1]}_subgraph_{i}" and (
+            rank / "backbone" / key).exists()
         assert not Path(path).is_absolute()  # relative to the cache root: a moved cache still loads
     shutil.move(tmp_path / "a", tmp_path / "b")
     proc, second = start(tmp_path / "b", tmp_path / "2.pt", env)
     assert second["num_aot_artifacts_loaded"] == 1 and second["num_aot_compiles"] == 0
     assert second["num_graphs_seen"] == 1  # VllmBackend ran on the saved Dynamo graph
-    assert second["num_backend_compilations"] == PIECES * ENTRIES  # every piece and entry went through it
-    assert second["num_compiled_artifacts_loaded"] == PIECES * ENTRIES  # ... and was found in the index
+    # every piece and entry went through it
+    assert second["num_backend_compilations"] == PIECES * ENTRIES
+    # ... and was found in the index
+    assert second["num_compiled_artifacts_loaded"] == PIECES * ENTRIES
     assert second["num_inductor_compiles"] == 0 and second["num_cache_entries_updated"] == 0
     assert "unusable" not in proc.stderr
     assert same(tmp_path / "1.pt", tmp_path / "2.pt")
@@ -137,7 +151,8 @@ def test_a_corrupt_piece_or_index_is_reported_once_and_rebuilt(tmp_path):
     proc, c = start(tmp_path, tmp_path / "2.pt", env)
     assert proc.stderr.count("is unusable") == 1  # that piece alone: the AOT file still loads
     assert c["num_aot_artifacts_loaded"] == 1 and c["num_inductor_compiles"] == 1
-    assert c["num_compiled_artifacts_loaded"] == PIECES * ENTRIES - 1 and c["num_compiled_artifacts_saved"] == 1
+    assert (c["num_compiled_artifacts_loaded"] == PIECES * ENTRIES - 1
+            and c["num_compiled_artifacts_saved"] == 1)
     assert same(tmp_path / "1.pt", tmp_path / "2.pt")
     proc, c = start(tmp_path, tmp_path / "3.pt", env)  # rebuilt: everything loads again
     assert "unusable" not in proc.stderr and c["num_inductor_compiles"] == 0
@@ -148,8 +163,10 @@ def test_a_corrupt_piece_or_index_is_reported_once_and_rebuilt(tmp_path):
     assert len(ast.literal_eval(index.read_text())) == PIECES * ENTRIES  # rewritten
     assert same(tmp_path / "1.pt", tmp_path / "4.pt")
     piece.write_bytes(b"not an artifact")  # and a forced load does not compile: an error
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "5.pt")], capture_output=True, text=True,
-                          env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0",
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "5.pt")],
+                          capture_output=True, text=True,
+                          env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path),
+                               "VLLM_DISABLE_COMPILE_CACHE": "0",
                                "VLLM_FORCE_AOT_LOAD": "1", **env}, timeout=600)
     assert proc.returncode != 0 and "VLLM_FORCE_AOT_LOAD=1 and the AOT artifact" in proc.stderr
 
@@ -163,7 +180,8 @@ def test_without_aot_compile_inductors_own_cache_serves_the_second_start(tmp_pat
     assert first["num_aot_compiles"] == 0 and first["num_inductor_compiles"] == PIECES * ENTRIES
     assert first["num_compiled_artifacts_saved"] == first["num_cache_entries_updated"] == 0
     (rank,) = rank_dirs(tmp_path / "root")
-    assert first["inductor_cache_dir"] == str(rank / "inductor_cache") and (rank / "triton_cache").is_dir()
+    assert first["inductor_cache_dir"] == str(rank / "inductor_cache") and (
+        rank / "triton_cache").is_dir()
     assert not list(rank.glob("*/artifact_*")) and not list(rank.glob("*/vllm_compile_cache.py"))
     assert not (tmp_path / "root" / "torch_compile_cache" / "torch_aot_compile").exists()
     assert not list((tmp_path / "elsewhere").rglob("*"))  # nothing went where the variable pointed
@@ -174,7 +192,8 @@ def test_without_aot_compile_inductors_own_cache_serves_the_second_start(tmp_pat
     # every compile found in Inductor's caches under the rank's folder
     assert second["aot_autograd"].get("autograd_cache_hit") == PIECES * ENTRIES
     assert second["inductor"].get("fxgraph_cache_hit") == PIECES * ENTRIES
-    assert not second["inductor"].get("fxgraph_cache_miss") and not second["aot_autograd"].get("autograd_cache_miss")
+    assert not second["inductor"].get(
+        "fxgraph_cache_miss") and not second["aot_autograd"].get("autograd_cache_miss")
     assert same(tmp_path / "1.pt", tmp_path / "2.pt")
 
 

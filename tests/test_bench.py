@@ -20,7 +20,8 @@ CODE_STATS = {"buffers", "buffer_bytes", "generated_kernels", "copy_kernels", "e
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.bench", "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.bench", "--quick",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "bench.json").read_text()), proc.stdout, out
@@ -37,19 +38,24 @@ def test_every_benchmark_ran_or_says_why_not(quick):
 
 def test_overhead_structure(quick):
     o = quick[0]["overhead"]
-    variants = {"eager", "bytecode_hook", "bytecode_hook_direct", "vllm_bytecode_hook", "vllm_direct", "stock",
+    variants = {"eager", "bytecode_hook", "bytecode_hook_direct", "vllm_bytecode_hook",
+                "vllm_direct", "stock",
                 "stock_direct"}
     assert set(o["per_call_us"]) == variants
-    assert set(o["per_call_us_second_process"]) == {"eager", "bytecode_hook", "bytecode_hook_direct",
+    assert set(o["per_call_us_second_process"]) == {"eager", "bytecode_hook",
+                                                    "bytecode_hook_direct",
                                                     "dynamo_no_guards"}
     for by_n in [*o["per_call_us"].values(), *o["overhead_above_direct_us"].values()]:
         assert set(by_n) == {str(n) for n in o["config"]["sizes"]}
         for s in by_n.values():
-            assert set(s) == STATS and s["n"] == o["config"]["rounds"] and s["min"] <= s["median"] <= s["max"]
+            assert (set(s) == STATS and s["n"] == o["config"]["rounds"]
+                    and s["min"] <= s["median"] <= s["max"])
     assert set(o["ratios"]) == {"bytecode_hook_vs_stock_overhead", "bytecode_hook_vs_stock_call",
-                                "vllm_hook_vs_direct_call", "dynamo_no_guards_vs_bytecode_hook_call",
+                                "vllm_hook_vs_direct_call",
+                                "dynamo_no_guards_vs_bytecode_hook_call",
                                 "stock_vs_eager_call"}
-    # a ratio is a positive number, or None where an overhead measured <= 0 (noise on a busy machine)
+    # a ratio is a positive number, or None where an overhead measured <= 0
+    # (noise on a busy machine)
     assert all(v is None or v > 0 for v in o["ratios"].values())
 
 
@@ -60,10 +66,13 @@ def test_fix_functionalization_and_generate_structure(quick):
         assert set(f[on]["code"]) == CODE_STATS
         assert set(f[on]["step_us"]) == STATS
     g = res["generate"]
-    assert set(g["modes"]) == {"eager", "stock", "dynamo_trace_once", "vllm_compile", "vllm_compile_custom_ops"}
+    assert set(g["modes"]) == {"eager", "stock", "dynamo_trace_once", "vllm_compile",
+                               "vllm_compile_custom_ops"}
     for m in g["modes"].values():
-        assert m["new_tokens"] >= 1 and m["decode_tok_s"]["median"] > 0 and m["prefill_tok_s"]["median"] > 0
-    assert set(g["decode_ratio_per_round"]) == {"eager", "stock"}  # the paired ratios behind the targets
+        assert (m["new_tokens"] >= 1 and m["decode_tok_s"]["median"] > 0
+                and m["prefill_tok_s"]["median"] > 0)
+    # the paired ratios behind the targets
+    assert set(g["decode_ratio_per_round"]) == {"eager", "stock"}
     assert all(set(r) == STATS and r["min"] > 0 for r in g["decode_ratio_per_round"].values())
 
 
@@ -91,12 +100,10 @@ def test_targets_printed_and_plots_written(quick):
 def test_code_stats_counts_as_the_notebooks_do():
     """The benchmark counts generated code with viz.call_stats (notebooks 05 and 13 too), its
     entries' sources added up."""
-    code = ("cpp_fused_clone_0 = async_compile.cpp_pybinding(['float*'], r'''\nextern \"C\" void kernel(){}''')\n"
-            "def call(self, args):\n"
-            "    buf0 = empty_strided_cpu((s72, 96), (96, 1), torch.float32)\n"
-            "    buf1 = empty_strided_cpu((4, 8), (8, 1), torch.bfloat16)\n"
-            "    cpp_fused_clone_0(buf0)\n"
-            "    buf0.copy_(arg0_1)\n")
+    code = ("cpp_fused_clone_0 = async_compile.cpp_pybinding(['float*'], r'''\nextern \"C\" void "
+            "kernel(){}''')\ndef call(self, args):\n    buf0 = empty_strided_cpu((s72, 96), (96, "
+            "1), torch.float32)\n    buf1 = empty_strided_cpu((4, 8), (8, 1), torch.bfloat16)\n    "
+            "cpp_fused_clone_0(buf0)\n    buf0.copy_(arg0_1)\n")
     s = code_stats([code, code], n=16)
     assert s == {k: 2 * v for k, v in call_stats(code, num_tokens=16).items()}
     assert s == {"buffers": 4, "buffer_bytes": 2 * (16 * 96 * 4 + 4 * 8 * 2),
@@ -106,13 +113,15 @@ def test_code_stats_counts_as_the_notebooks_do():
 
 def test_a_missed_target_fails_with_its_ratio():
     t = targets({"startup": {"aot_speedup_vs_cold": 6.0}})
-    assert t == [{"target": "cold compile / AOT load", "value": 6.0, "op": ">=", "limit": 10.0, "pass": False,
+    assert t == [{"target": "cold compile / AOT load", "value": 6.0, "op": ">=",
+                  "limit": 10.0, "pass": False,
                   "measured": "first-call s, fresh processes"}]
 
 
 def test_fusion_structure(quick):
     f = quick[0]["fusion"]
-    assert set(f) == {"num_tokens", "qk_norm_rope"}  # --quick: the FP8 model's compiles are left out
+    # --quick: the FP8 model's compiles are left out
+    assert set(f) == {"num_tokens", "qk_norm_rope"}
     row = f["qk_norm_rope"]
     for side in ("fused", "unfused"):
         assert set(row[side]) == {"code", "step_us"} and set(row[side]["code"]) == CODE_STATS
@@ -123,18 +132,22 @@ def test_fusion_structure(quick):
 
 
 def test_an_overhead_at_or_below_zero_is_no_pass_and_a_full_run_then_fails():
-    t = targets({"overhead": {"ratios": {"bytecode_hook_vs_stock_overhead": None, "vllm_hook_vs_direct_call": 1.0}}})
+    t = targets({"overhead": {"ratios": {"bytecode_hook_vs_stock_overhead": None,
+                                         "vllm_hook_vs_direct_call": 1.0}}})
     assert [x["pass"] for x in t] == [False, True] and "not measured" in t[0]["measured"]
     assert exit_code({"targets": t, "meta": {"quick": False}}) == 1
-    assert exit_code({"targets": t, "meta": {"quick": True}}) == 0  # --quick: figures are meaningless
+    # --quick: figures are meaningless
+    assert exit_code({"targets": t, "meta": {"quick": True}}) == 0
     assert exit_code({"targets": t[1:], "meta": {"quick": False}}) == 0
 
 
 def test_cuda_graphs_structure(quick):
     c = quick[0]["cuda_graphs"]
-    assert set(c["modes"]) == {"eager", "vllm_compile_no_graphs", "piecewise", "full", "full_and_piecewise"}
+    assert set(c["modes"]) == {"eager", "vllm_compile_no_graphs", "piecewise", "full",
+                               "full_and_piecewise"}
     for name, row in c["modes"].items():
-        if "refused" in row:  # only on CUDA, where this project's attention cannot be in a FULL graph
+        # only on CUDA, where this project's attention cannot be in a FULL graph
+        if "refused" in row:
             assert c["config"]["device"] == "cuda" and name == "full"
             continue
         assert row["max_abs_diff_vs_eager"] <= 1e-4, name  # every mode computes the same step
@@ -152,7 +165,8 @@ def test_cuda_graphs_structure(quick):
 def test_the_whole_process_start_up_has_its_own_target():
     t = targets({"startup": {"aot_speedup_vs_cold": 12.0, "process_speedup_vs_cold": 5.0}})
     assert [(x["target"], x["pass"]) for x in t] == [("cold compile / AOT load", True),
-                                                    ("cold process / warm (AOT-loading) process", False)]
+                                                    ("cold process / warm (AOT-loading) "
+                                                     "process", False)]
 
 
 def test_the_thread_count_each_benchmark_ran_with_is_reported(quick):

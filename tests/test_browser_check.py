@@ -89,7 +89,8 @@ def test_a_slider_whose_output_does_not_change_fails_the_check(tmp_path):
     import nbformat
 
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(
         "import ipywidgets as w\n"
         "from IPython.display import display\n"

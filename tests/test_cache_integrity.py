@@ -3,7 +3,8 @@ model's file at this model's key path, or swapped piece files are each noticed o
 once, and rebuilt, and the next start loads the rebuilt file with nobody deleting anything.
 Each case saves in one process and loads in another; the loading process runs each step on a fresh
 model, first with VLLM_FORCE_AOT_LOAD=1 (a refused load is an error naming why, a trusted bad one
-gives wrong numbers), then without it (warn, rebuild), then forced again (the rebuilt file loads)."""
+gives wrong numbers), then without it (warn, rebuild), then forced again
+(the rebuilt file loads)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ spec = json.loads(sys.argv[1])
 results = []
 for k, force in spec["steps"]:
     os.environ["VLLM_FORCE_AOT_LOAD"] = force
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=[], max_num_batched_tokens=16,
-                           compile_sizes=spec.get("sizes", []))
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=[],
+                           max_num_batched_tokens=16, compile_sizes=spec.get("sizes", []))
     m = toy_integrity.Toy(compilation_config=cc, k=k)
     before = dict(vars(compilation_counter))
     try:
@@ -113,7 +114,8 @@ def test_a_flipped_bit_in_the_aot_file_is_noticed_and_the_file_rebuilt(tmp_path,
 
 def test_another_models_file_at_this_models_key_path_is_noticed(tmp_path, toy):
     """A file copied to the wrong key path (a cache assembled by hand, a bad sync) used to load and
-    compute the other model's function. The artifact records which model and key it was built for."""
+    compute the other model's function. The artifact records which model
+    and key it was built for."""
     root, inductor = tmp_path / "cache", tmp_path / "inductor"
     _, results = run(root, toy, inductor, [(2.0, "0"), (3.0, "0")])
     assert [r["num_aot_compiles"] for r in results] == [1, 1]
@@ -131,12 +133,14 @@ def test_swapped_piece_files_without_the_mega_artifact_are_noticed(tmp_path, toy
     root, inductor = tmp_path / "cache", tmp_path / "inductor"
     _, (first,) = run(root, toy, inductor, [(2.0, "0")], sizes=[4], mega="0")
     assert first["num_aot_compiles"] == 1 and first["diff"] == 0.0, first
-    pieces = sorted((root / "torch_compile_cache").glob("*/rank_0_0/backbone/artifact_compile_range_*"))
+    pieces = sorted((root / "torch_compile_cache").glob(
+        "*/rank_0_0/backbone/artifact_compile_range_*"))
     assert [p.name for p in pieces] == ["artifact_compile_range_1_16_subgraph_0",
                                         "artifact_compile_range_4_4_subgraph_0"]
     a, b = (p.read_bytes() for p in pieces)
     pieces[0].write_bytes(b)
     pieces[1].write_bytes(a)
-    proc, results = run(root, toy, inductor, [(2.0, "1"), (2.0, "0"), (2.0, "1")], sizes=[4], mega="0")
+    proc, results = run(root, toy, inductor, [(2.0, "1"), (2.0, "0"), (2.0, "1")],
+                        sizes=[4], mega="0")
     refused_then_rebuilt_then_loaded(proc, results, "is not the one saved")
     assert results[1]["num_inductor_compiles"] == 2  # both pieces compiled again, and saved

@@ -1,7 +1,8 @@
 """The compile cache never serves kernels compiled for something else. Each case compiles in one
 process and starts another on the same cache, as a user's next run would: the second process must
 compile afresh where anything that changes the compiled code differs (the model, a constant the
-trace baked in, a pass's source, the inputs), load where nothing does, and match eager either way."""
+trace baked in, a pass's source, the inputs), load where nothing does, and
+match eager either way."""
 
 import json
 import os
@@ -39,7 +40,8 @@ if spec.get("toy"):
 else:
     from minivllm_compile.models import build_model
     sizes = spec.get("sizes", {})
-    lm = build_model("llama", num_layers=spec.get("layers", 1), compilation_config=config(), **sizes)
+    lm = build_model("llama", num_layers=spec.get("layers", 1), compilation_config=config(),
+                     **sizes)
     eager = build_model("llama", num_layers=spec.get("layers", 1), **sizes)
     ids = torch.arange(7, dtype=getattr(torch, spec.get("ids_dtype", "int64")))
     if spec.get("raw"):  # the decorated model itself, first called with these ids (the LM converts)
@@ -51,7 +53,8 @@ else:
     else:
         results["lm"] = (lm(ids, torch.arange(7)), eager(ids, torch.arange(7)))
     if spec.get("then_ids_dtype"):  # later calls with other inputs: another dtype, then strided ids
-        for later in (torch.arange(5, dtype=getattr(torch, spec["then_ids_dtype"])), torch.arange(10)[::2]):
+        for later in (torch.arange(5, dtype=getattr(torch, spec["then_ids_dtype"])),
+                      torch.arange(10)[::2]):
             try:
                 raw(lm, later, 5)
             except ValueError as e:
@@ -61,15 +64,19 @@ print("RESULT " + json.dumps({**vars(compilation_counter), "diffs": diffs}))
 """
 
 
-def run(root: Path, spec: dict, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
-    environ = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0", **(env or {})}
+def run(root: Path, spec: dict, env: dict
+        | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
+    environ = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0",
+               **(env or {})}
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=environ,
                           capture_output=True, text=True, timeout=600)
-    result = next((json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")), None)
+    result = next((json.loads(line[7:]) for line in proc.stdout.splitlines()
+                   if line.startswith("RESULT ")), None)
     return proc, result
 
 
-def ok(proc: subprocess.CompletedProcess, result: dict | None, loaded: bool, tol: float = 1e-4) -> dict:
+def ok(proc: subprocess.CompletedProcess, result: dict | None, loaded: bool,
+       tol: float = 1e-4) -> dict:
     """The process ended well, loaded (or compiled) as expected, and matched eager."""
     assert proc.returncode == 0 and result is not None, proc.stderr[-3000:]
     assert result["num_aot_artifacts_loaded"] == (1 if loaded else 0), (result, proc.stderr[-2000:])
@@ -153,14 +160,16 @@ class Options(nn.Module):
         self.pair = pair
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(x) * self.opts["s"] + self.ns.shift + (self.pair[1] if self.pair[0] is None else 0.0)
+        return (self.lin(x) * self.opts["s"] + self.ns.shift
+                + (self.pair[1] if self.pair[0] is None else 0.0))
 
 
 Options = support_torch_compile(Options)
 
 
 def make(name, cc):
-    options = {"opts_a": {}, "opts_b": {"s": 3.0}, "ns_b": {"shift": 2.0}, "pair_b": {"pair": (None, 2.0)}}
+    options = {"opts_a": {}, "opts_b": {"s": 3.0}, "ns_b": {"shift": 2.0},
+               "pair_b": {"pair": (None, 2.0)}}
     if name in options:
         return Options(compilation_config=cc, **options[name])
     cls, scale = {"double": (Double, 1.0), "add_three": (AddThree, 1.0),
@@ -175,7 +184,8 @@ def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     (src / "toy_model.py").write_text(TOY)
-    spec = {"toy": ["double", "add_three", "scale2", "scale3"], "path": [str(src)], "cc": {"splitting_ops": []}}
+    spec = {"toy": ["double", "add_three", "scale2", "scale3"], "path": [str(src)],
+            "cc": {"splitting_ops": []}}
     proc, first = run(tmp_path / "cache", spec)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert first["num_aot_compiles"] == 4 and max(first["diffs"].values()) < 1e-5
@@ -187,20 +197,22 @@ def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path):
 
 
 def test_constants_in_dicts_objects_and_tuples_with_none_are_in_the_key(tmp_path):
-    """A dict of options, a SimpleNamespace and a tuple holding None: Dynamo bakes what forward reads
-    from them into the graph as surely as a float attribute. Four instances differing only there
-    each compile, then each loads its own code (a dict used to be left out of the key: the s=3.0
-    model loaded the s=2.0 one's artifact and differed from eager by 11)."""
+    """A dict of options, a SimpleNamespace and a tuple holding None: Dynamo bakes what forward
+    reads from them into the graph as surely as a float attribute. Four instances differing only
+    there each compile, then each loads its own code (a dict used to be left out of the key: the
+    s=3.0 model loaded the s=2.0 one's artifact and differed from eager by 11)."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "toy_model.py").write_text(TOY)
-    spec = {"toy": ["opts_a", "opts_b", "ns_b", "pair_b"], "path": [str(src)], "cc": {"splitting_ops": []}}
+    spec = {"toy": ["opts_a", "opts_b", "ns_b", "pair_b"], "path": [str(src)],
+            "cc": {"splitting_ops": []}}
     proc, first = run(tmp_path / "cache", spec)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert first["num_aot_compiles"] == 4 and max(first["diffs"].values()) < 1e-5, first["diffs"]
     proc, second = run(tmp_path / "cache", spec)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert second["num_aot_artifacts_loaded"] == 4 and max(second["diffs"].values()) < 1e-5, second["diffs"]
+    assert second["num_aot_artifacts_loaded"] == 4 and max(
+        second["diffs"].values()) < 1e-5, second["diffs"]
 
 
 USER_PASS = '''
@@ -220,7 +232,8 @@ def test_editing_a_users_pass_recompiles(tmp_path):
     src.mkdir()
     (src / "toy_pass.py").write_text(USER_PASS)
     spec = {"path": [str(src)], "cc": {"user_pass": True}}
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # a pass runs on an FX-cache miss only
+    # a pass runs on an FX-cache miss only
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     proc, _ = run(tmp_path / "cache", spec, env)
     ok(proc, _, loaded=False)
     assert "USER PASS v1" in proc.stderr
@@ -242,7 +255,8 @@ def test_editing_the_compilers_own_pass_recompiles(tmp_path):
     ignore = shutil.ignore_patterns("__pycache__", "checkpoints", "*.ipynb")
     shutil.copytree(Path(minivllm_compile.__file__).parent, pkg, ignore=ignore)
     if not (pkg / "kernels").exists():  # an editable install keeps kernels/ beside the package
-        shutil.copytree(Path(minivllm_compile.kernels.__file__).parent, pkg / "kernels", ignore=ignore)
+        shutil.copytree(Path(minivllm_compile.kernels.__file__).parent,
+                        pkg / "kernels", ignore=ignore)
     spec = {"path": [str(tmp_path / "pkg")]}
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     ok(*run(tmp_path / "cache", spec, env), loaded=False)
@@ -271,17 +285,19 @@ NoOpEliminationPass.__call__ = _edited
 @pytest.mark.parametrize("mode", ["VLLM_COMPILE", "DYNAMO_TRACE_ONCE"])
 def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mode):
     """Compiled for int64 ids, the model used to read int32 ids as int64 and the process died
-    (SIGABRT, no Python exception). The decorated model now refuses them (and strided ids) naming the fix, and the
-    LM converts them. A process whose first call has int32 ids compiles for int32 (the inputs are
-    in the key) instead of loading the int64 artifact."""
+    (SIGABRT, no Python exception). The decorated model now refuses them (and strided ids) naming
+    the fix, and the LM converts them. A process whose first call has int32 ids compiles for int32
+    (the inputs are in the key) instead of loading the int64 artifact."""
     env = {"VLLM_DISABLE_COMPILE_CACHE": "1"} if mode == "DYNAMO_TRACE_ONCE" else {}
     spec = {"mode": mode, "raw": True, "then_ids_dtype": "int32"}
     proc, result = run(tmp_path, spec, env)
     assert proc.returncode == 0 and result is not None, proc.stderr[-3000:]
-    assert "REFUSED LlamaModel was compiled once, on its first call, for input_ids: torch.int64" in proc.stdout
+    assert ("REFUSED LlamaModel was compiled once, on its first call, "
+            "for input_ids: torch.int64" in proc.stdout)
     assert "pass input_ids.to(torch.int64)" in proc.stdout
     # non-contiguous ids used to fail with an AssertionError blaming a custom op's fake kernel
-    assert "not contiguous (strides [2])" in proc.stdout and "pass input_ids.contiguous()" in proc.stdout
+    assert ("not contiguous (strides [2])" in proc.stdout
+            and "pass input_ids.contiguous()" in proc.stdout)
     assert result["diffs"]["lm"] < 1e-4
     # the LM converts int32 ids itself
     proc, result = run(tmp_path, {"mode": mode, "ids_dtype": "int32"}, env)
@@ -310,12 +326,14 @@ def test_a_moved_cache_still_loads_and_a_shared_one_is_readable(tmp_path):
 
 
 def test_the_key_covers_every_factor():
-    """In-process: which changes move the AOT key (the fresh-process tests above show it matters)."""
+    """In-process: which changes move the AOT key (the fresh-process tests
+    above show it matters)."""
     from minivllm_compile.models import build_model
 
     lm = build_model("llama", num_layers=1)
     base = cache_keys.aot_cache_key(lm.model, CompilationConfig())
-    assert {"config", "envs", "torch", "inductor_config", "compiler", "passes", "model", "constants",
+    assert {"config", "envs", "torch", "inductor_config", "compiler", "passes",
+            "model", "constants",
             "inputs", "tag"} <= set(base[1])
     eps = build_model("llama", num_layers=1, rms_norm_eps=0.1)
     assert cache_keys.aot_cache_key(eps.model, CompilationConfig())[0] != base[0]
@@ -338,8 +356,11 @@ def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_pa
     or a measuring tool keeps every user's cache; editing a backend or a pass does not. The
     display-only helpers live on the display side of that boundary."""
     from minivllm_compile import cache_files
-    from minivllm_compile.viz import (count_dynamo_entries, describe_cache,
-                                      triton_source_codegen_only)
+    from minivllm_compile.viz import (
+        count_dynamo_entries,
+        describe_cache,
+        triton_source_codegen_only,
+    )
 
     package = Path(cache_files.__file__).resolve().parent
     for helper in (count_dynamo_entries, describe_cache, triton_source_codegen_only):

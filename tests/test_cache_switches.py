@@ -100,13 +100,14 @@ class Toy(nn.Module):
 x, errors = torch.ones(4, 2), {}
 for k, switch in ((2.0, "VLLM_USE_AOT_COMPILE"), (3.0, "VLLM_USE_STANDALONE_COMPILE")):
     with envs.override(**{switch: "0"}):
-        m = Toy(k=k, compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
-                                                          splitting_ops=[], max_num_batched_tokens=16))
+        m = Toy(k=k, compilation_config=CompilationConfig(
+            mode=CompilationMode.VLLM_COMPILE, splitting_ops=[], max_num_batched_tokens=16))
         try:
             errors[switch] = (m(x) - m.lin(x) * k).abs().max().item()
         except Exception as e:
             errors[switch] = f"{type(e).__name__}: {str(e)[-300:]}"
-print("RESULT " + json.dumps({"errors": errors, "inductor": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
+print("RESULT " + json.dumps({"errors": errors,
+                              "inductor": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
 """
 
 
@@ -123,7 +124,8 @@ def test_a_cache_root_with_a_space_compiles_with_aot_or_standalone_off(tmp_path)
     result = next((json.loads(line[7:]) for line in proc.stdout.splitlines()
                    if line.startswith("RESULT ")), None)
     assert proc.returncode == 0 and result is not None, proc.stderr[-3000:]
-    assert result["errors"] == {"VLLM_USE_AOT_COMPILE": 0.0, "VLLM_USE_STANDALONE_COMPILE": 0.0}, result
+    assert result["errors"] == {"VLLM_USE_AOT_COMPILE": 0.0,
+                                "VLLM_USE_STANDALONE_COMPILE": 0.0}, result
     assert " " not in result["inductor"]
     assert "has a space" in proc.stderr and "Inductor's own cache stays in" in proc.stderr
 

@@ -1,9 +1,9 @@
 """A saved compiled forward is loaded only where what its trace assumed still holds: the sources it
 traced (a notebook cell's text, not only files on disk) and the values it baked into the graph
-(traced_state.py). Each case compiles and saves in one process, changes one thing, and starts another
-process on the same cache, as a user's next run (or next notebook kernel) would. The later processes
-mostly run with VLLM_FORCE_AOT_LOAD=1: a stale load then shows as wrong numbers, a refused one as an
-error naming what changed, and no compile is needed to tell them apart."""
+(traced_state.py). Each case compiles and saves in one process, changes one thing, and starts
+another process on the same cache, as a user's next run (or next notebook kernel) would. The later
+processes mostly run with VLLM_FORCE_AOT_LOAD=1: a stale load then shows as wrong numbers, a refused
+one as an error naming what changed, and no compile is needed to tell them apart."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import json, os, sys
 from IPython.core.interactiveshell import InteractiveShell
 
 spec = json.loads(sys.argv[1])
-shell = InteractiveShell.instance()  # what a Jupyter kernel runs cells with: each cell's source in linecache
+# what a Jupyter kernel runs cells with: each cell's source in linecache
+shell = InteractiveShell.instance()
 
 def run(source):
     result = shell.run_cell(source)
@@ -32,7 +33,8 @@ def run(source):
 run('''
 import torch
 from torch import nn
-from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter, support_torch_compile
+from minivllm_compile import (CompilationConfig, CompilationMode, compilation_counter,
+                              support_torch_compile)
 ''')
 results = []
 for step in spec["steps"]:
@@ -40,7 +42,8 @@ for step in spec["steps"]:
         run(source)
     os.environ["VLLM_FORCE_AOT_LOAD"] = "1" if step.get("force") else "0"
     run('''
-cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=[], max_num_batched_tokens=16)
+cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=[],
+                       max_num_batched_tokens=16)
 m = M(compilation_config=cc)
 x = torch.arange(8, dtype=torch.float32).view(4, 2)
 before = dict(vars(compilation_counter))
@@ -51,7 +54,8 @@ except Exception as e:
     diff, error = None, f"{type(e).__name__}: {e}"
 step_result = {"diff": diff, "error": error,
                **{k: compilation_counter.__dict__[k] - before[k]
-                  for k in ("num_aot_artifacts_loaded", "num_aot_compiles", "num_aot_artifacts_saved")}}
+                  for k in ("num_aot_artifacts_loaded", "num_aot_compiles",
+                            "num_aot_artifacts_saved")}}
 ''')
     results.append(shell.user_ns["step_result"])
 print("RESULT " + json.dumps(results))
@@ -71,7 +75,8 @@ class M(nn.Module):
 '''
 
 
-def run_cells(root: Path, inductor: Path, steps: list[dict]) -> tuple[subprocess.CompletedProcess, list]:
+def run_cells(root: Path, inductor: Path,
+              steps: list[dict]) -> tuple[subprocess.CompletedProcess, list]:
     env = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0",
            "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     proc = subprocess.run([sys.executable, "-c", CELL_CHILD, json.dumps({"steps": steps})], env=env,
@@ -103,7 +108,8 @@ def test_a_model_edited_in_a_notebook_cell_is_never_served_its_old_compiled_forw
     _, (same, helper) = run_cells(root, inductor, [
         {"cells": cells(), "force": True}, {"cells": [ACT.format(k=3)], "force": True}])
     assert same["num_aot_artifacts_loaded"] == 1 and same["diff"] == 0.0, same
-    assert helper["error"] and "traced source changed since it was saved: __main__.act" in helper["error"], helper
+    assert (helper["error"] and "traced source changed since it was saved: "
+                                "__main__.act" in helper["error"]), helper
     # kernel 3, the same, not forced: one warning, compiled afresh and saved, and loaded from
     # there when the cells run again
     proc, (rebuilt, again) = run_cells(root, inductor, [
@@ -116,7 +122,8 @@ def test_a_model_edited_in_a_notebook_cell_is_never_served_its_old_compiled_forw
 STRING_CHILD = r"""
 import json, sys, torch
 from torch import nn
-from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter, support_torch_compile
+from minivllm_compile import (CompilationConfig, CompilationMode, compilation_counter,
+                              support_torch_compile)
 
 @support_torch_compile
 class M(nn.Module):
@@ -157,7 +164,8 @@ def test_a_model_defined_in_python_c_is_never_saved_so_never_served_stale(tmp_pa
     proc, first = run("2.0", "0")
     assert first["diff"] == 0.0 and first["num_aot_compiles"] == 1, first
     assert first["num_aot_artifacts_saved"] == 0
-    assert "is not saved to the compile cache: the source of M.forward (<string>) cannot be read" in proc.stderr
+    assert ("is not saved to the compile cache: the source of M.forward "
+            "(<string>) cannot be read" in proc.stderr)
     # edited (x 3): nothing to load (the old code loaded the x 2 model's artifact)
     _, edited = run("3.0", "1")
     assert edited.get("error", "").startswith("FileNotFoundError"), edited
@@ -230,9 +238,10 @@ results = {}
 for name, force in json.loads(sys.argv[1]):
     os.environ["VLLM_FORCE_AOT_LOAD"] = force
     saved = (toy_values.SCALE, toy_values.M.k)
-    cls = toy_values.make(7.0 if name == "closure variable" else 1.0) if "closure" in name else toy_values.M
-    m = cls(compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=[],
-                                                 max_num_batched_tokens=16))
+    cls = (toy_values.make(7.0 if name == "closure variable" else 1.0) if "closure" in name
+           else toy_values.M)
+    m = cls(compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
+                                                 splitting_ops=[], max_num_batched_tokens=16))
     if name in CHANGES:
         CHANGES[name](m)
     x = torch.arange(8, dtype=torch.float32).view(4, 2)
@@ -257,7 +266,8 @@ def test_values_baked_into_the_graph_are_checked_when_it_is_loaded(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     (src / "toy_values.py").write_text(VALUES)
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_DISABLE_COMPILE_CACHE": "0",
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
+           "VLLM_DISABLE_COMPILE_CACHE": "0",
            "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="minivllm_test_inductor_")}
 
     def run(names: list[tuple[str, str]]) -> tuple[subprocess.CompletedProcess, dict]:
@@ -277,7 +287,8 @@ def test_values_baked_into_the_graph_are_checked_when_it_is_loaded(tmp_path):
                "number in a list", "closure variable"]
     # then, in the next process: each change forced to load; the last one not forced
     proc, forced = run([("unchanged", "1"), *[(c, "1") for c in changes], ("rebuilt", "0")])
-    assert forced["unchanged"] == {"diff": 0.0, "num_aot_artifacts_loaded": 1, "num_aot_compiles": 0}
+    assert forced["unchanged"] == {"diff": 0.0, "num_aot_artifacts_loaded": 1,
+                                   "num_aot_compiles": 0}
     named = {"private attribute": "self._x was 1.0 when it was compiled, now 2.0",
              "module global": "SCALE was 1.0 when it was compiled, now 3.0",
              "class attribute": "['k'] was 1.0 when it was compiled, now 4.0",
@@ -286,7 +297,8 @@ def test_values_baked_into_the_graph_are_checked_when_it_is_loaded(tmp_path):
              "closure variable": "gain was 1.0 when it was compiled, now 7.0"}
     for name in changes:  # refused, naming the value (they used to load, and were off by 1 to 5)
         got = forced[name]
-        assert "error" in got and "a value the compiled graph baked in differs" in got["error"], (name, got)
+        assert ("error" in got and "a value the compiled graph baked in "
+                                   "differs" in got["error"]), (name, got)
         assert named[name] in got["error"], (name, got)
     # not forced: one warning, compiled afresh (right), and saved for the next start
     assert forced["rebuilt"] == {"diff": 0.0, "num_aot_artifacts_loaded": 0, "num_aot_compiles": 1}

@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm_compile import (CompilationConfig, CompilationMode, cache_keys, compilation_counter,
-                              cpu_isa)
+from minivllm_compile import (
+    CompilationConfig,
+    CompilationMode,
+    cache_keys,
+    compilation_counter,
+    cpu_isa,
+)
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.cache import describe_cache
 
@@ -20,7 +25,8 @@ import json, sys, torch
 sys.path.insert(0, sys.argv[3]) if len(sys.argv) > 3 else None
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
 spec = json.loads(sys.argv[1])
-cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, **spec.get("cc", {}))
+cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16,
+                       **spec.get("cc", {}))
 base_probes = []  # Inductor's per-process CPU ISA probe, the base check of each ISA (cpu_isa.py)
 from torch._inductor import cpu_vec_isa
 check_build = cpu_vec_isa.VecISA.check_build
@@ -40,16 +46,21 @@ torch.save(out, sys.argv[2])
 import os
 from torch._dynamo.utils import counters
 print("COUNTERS " + json.dumps({**vars(compilation_counter), "base_isa_probes": sum(base_probes),
-                                **{k: counters["inductor"][k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")},
+                                **{k: counters["inductor"][k]
+                                   for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")},
                                 "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
 """
 
 
-def run_child(root: Path, out: Path, spec: dict | None = None, env: dict | None = None, extra_path: str = ""):
-    environ = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0", **(env or {})}
-    args = [sys.executable, "-c", CHILD, json.dumps(spec or {}), str(out)] + ([extra_path] if extra_path else [])
+def run_child(root: Path, out: Path, spec: dict | None = None, env: dict | None = None,
+              extra_path: str = ""):
+    environ = {**os.environ, "VLLM_CACHE_ROOT": str(root), "VLLM_DISABLE_COMPILE_CACHE": "0",
+               **(env or {})}
+    args = [sys.executable, "-c", CHILD, json.dumps(spec or {}), str(out)] + (
+        [extra_path] if extra_path else [])
     proc = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=600)
-    counters = next((json.loads(line[9:]) for line in proc.stdout.splitlines() if line.startswith("COUNTERS ")), None)
+    counters = next((json.loads(line[9:]) for line in proc.stdout.splitlines()
+                     if line.startswith("COUNTERS ")), None)
     return proc, counters
 
 
@@ -65,22 +76,23 @@ def saved(tmp_path_factory):
 def test_process_two_loads_without_tracing_or_compiling(saved, tmp_path):
     root, first = saved
     assert first["num_aot_compiles"] == 1 and first["num_aot_artifacts_saved"] == 1
-    # the mega artifact (the default on torch >= 2.12): the pieces' bytes are in the AOT file (counted
-    # there, as vLLM counts them), none saved beside it
+    # the mega artifact (the default on torch >= 2.12): the pieces' bytes are in the AOT file
+    # (counted there, as vLLM counts them), none saved beside it
     assert first["num_inductor_compiles"] == 2 and first["num_compiled_artifacts_saved"] == 2
     proc, c = run_child(root, tmp_path / "out2.pt")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert c["num_aot_artifacts_loaded"] == 1
-    assert c["num_inductor_compiles"] == 0 and c["num_graphs_seen"] == 0 and c["num_aot_compiles"] == 0
+    assert (c["num_inductor_compiles"] == 0 and c["num_graphs_seen"] == 0
+            and c["num_aot_compiles"] == 0)
     assert c["num_compiled_artifacts_loaded"] == 2
     assert torch.equal(torch.load(root / "out1.pt"), torch.load(tmp_path / "out2.pt"))  # bitwise
 
 
 def test_the_compile_fx_adaptor_keeps_inductors_own_cache_in_the_compile_cache(tmp_path):
-    """VLLM_USE_STANDALONE_COMPILE=0: compile_fx saves no artifact an AOT file could point at, so none
-    is saved (a warning says so); and, as vLLM's InductorAdaptor.initialize_cache does, Inductor's and
-    Triton's caches move under the rank's directory. A second process traces again, and every
-    Inductor compile is an FX-graph-cache hit found there."""
+    """VLLM_USE_STANDALONE_COMPILE=0: compile_fx saves no artifact an AOT file could point at, so
+    none is saved (a warning says so); and, as vLLM's InductorAdaptor.initialize_cache does,
+    Inductor's and Triton's caches move under the rank's directory. A second process traces again,
+    and every Inductor compile is an FX-graph-cache hit found there."""
     elsewhere = tmp_path / "elsewhere"
     env = {"VLLM_USE_STANDALONE_COMPILE": "0", "TORCHINDUCTOR_CACHE_DIR": str(elsewhere)}
     root = tmp_path / "root"
@@ -88,38 +100,45 @@ def test_the_compile_fx_adaptor_keeps_inductors_own_cache_in_the_compile_cache(t
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "VLLM_USE_AOT_COMPILE is ignored with VLLM_USE_STANDALONE_COMPILE=0" in proc.stderr
     assert first["num_aot_compiles"] == 0 and first["num_aot_artifacts_saved"] == 0
-    assert first["num_inductor_compiles"] == first["fxgraph_cache_miss"] == 2 and first["fxgraph_cache_hit"] == 0
+    assert (first["num_inductor_compiles"] == first["fxgraph_cache_miss"] == 2
+            and first["fxgraph_cache_hit"] == 0)
     (rank,) = (root / "torch_compile_cache").glob("*/rank_0_0")
     assert first["inductor_cache_dir"] == str(rank / "inductor_cache")
     assert (rank / "inductor_cache" / "fxgraph").is_dir() and (rank / "triton_cache").is_dir()
     assert not list(elsewhere.rglob("*"))  # nothing went to where the variable pointed before
     assert not (root / "torch_compile_cache" / "torch_aot_compile").exists()
     tree = describe_cache(root / "torch_compile_cache")  # Inductor's cache is one line there
-    assert "inductor_cache/" in tree and "fxgraph" not in tree and "files: Inductor's FX graph cache" in tree
+    assert ("inductor_cache/" in tree and "fxgraph" not in tree
+            and "files: Inductor's FX graph cache" in tree)
 
     proc, second = run_child(root, tmp_path / "out2.pt", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert second["num_graphs_seen"] == 1 and second["num_aot_artifacts_loaded"] == 0
-    assert second["num_inductor_compiles"] == second["fxgraph_cache_hit"] == 2 and second["fxgraph_cache_miss"] == 0
+    assert (second["num_inductor_compiles"] == second["fxgraph_cache_hit"] == 2
+            and second["fxgraph_cache_miss"] == 0)
     assert torch.equal(torch.load(tmp_path / "out1.pt"), torch.load(tmp_path / "out2.pt"))
 
 
 def test_which_adaptors_redirect_inductors_cache(tmp_path, monkeypatch):
-    """As vLLM 0.33: compile_fx's adaptor always (its graphs live in Inductor's cache), the standalone
-    one only with AOT compile off (with it on, its own artifacts are what a later process loads)."""
+    """As vLLM 0.33: compile_fx's adaptor always (its graphs live in Inductor's cache), the
+    standalone one only with AOT compile off (with it on, its own artifacts are what
+    a later process loads)."""
     from minivllm_compile.compiler_interface import InductorAdaptor, InductorStandaloneAdaptor
 
     rank = tmp_path / "h" / "rank_0_0"
     for make in (InductorAdaptor, lambda: InductorStandaloneAdaptor(use_aot_compile=False)):
         for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-            monkeypatch.setenv(var, "/before")  # restored after the test: the redirection is process-wide
+            # restored after the test: the redirection is process-wide
+            monkeypatch.setenv(var, "/before")
         make().initialize_cache(str(rank / "backbone"), disable_cache=True, prefix="backbone")
-        InductorStandaloneAdaptor(use_aot_compile=True).initialize_cache(str(rank / "backbone"), prefix="backbone")
+        InductorStandaloneAdaptor(use_aot_compile=True).initialize_cache(str(rank / "backbone"),
+                                                                         prefix="backbone")
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] == "/before"
         adaptor = make()
         adaptor.initialize_cache(str(rank / "backbone"), prefix="backbone")
         assert adaptor.cache_dir == str(rank / "backbone")
-        assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == rank / "inductor_cache"  # shared by every prefix
+        # shared by every prefix
+        assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == rank / "inductor_cache"
         assert Path(os.environ["TRITON_CACHE_DIR"]) == rank / "triton_cache"
         assert (rank / "inductor_cache").is_dir() and (rank / "triton_cache").is_dir()
 
@@ -134,13 +153,15 @@ def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
     d = backend_dirs[0]
     assert (d / "computation_graph.py").read_text().count("class GraphModule") >= 1
     factors = json.loads((d / "cache_key_factors.json").read_text())
-    assert set(factors) == {"config", "envs", "torch", "device", "inductor_config", "traced_files", "compiler",
+    assert set(factors) == {"config", "envs", "torch", "device", "inductor_config",
+                            "traced_files", "compiler",
                             "passes", "model", "constants", "inputs", "tag"}
     assert factors["tag"] == "backbone" and factors["inputs"]["input_ids"]["dtype"] == "torch.int64"
     assert factors["torch"] == torch.__version__ and "VLLM_USE_AOT_COMPILE" in factors["envs"]
     assert factors["device"] == "cpu"  # where the traced graph's inputs live
     assert any(p.endswith("models/llama.py") for p in factors["traced_files"])
-    # the mega artifact: the pieces are inside the AOT file (the other layout: tests/test_aot_paths.py)
+    # the mega artifact: the pieces are inside the AOT file (the other
+    # layout: tests/test_aot_paths.py)
     assert not list(d.glob("artifact_*")) and not (d / "vllm_compile_cache.py").exists()
     text = describe_cache(root / "torch_compile_cache")
     assert "cache_key_factors.json" in text and "traced_files: " in text and "model" in text
@@ -167,7 +188,8 @@ def test_a_corrupt_artifact_is_reported_once_and_rebuilt(saved, tmp_path):
     assert proc.returncode != 0 and "VLLM_FORCE_AOT_LOAD=1 and the AOT artifact" in proc.stderr
 
 
-@pytest.mark.skipif(cpu_isa._claimed() is None, reason="Inductor probes vector ISAs only on x86 Linux")
+@pytest.mark.skipif(cpu_isa._claimed() is None, reason="Inductor probes vector ISAs only on x86 "
+                                                       "Linux")
 def test_the_cpu_isa_probe_runs_once_per_machine_not_once_per_process(saved, tmp_path):
     import shutil
 
@@ -222,8 +244,10 @@ def test_a_failing_isa_shortcut_never_fails_the_compile(tmp_path, monkeypatch):
 
 def test_two_processes_compiling_at_once_leave_a_loadable_cache(tmp_path):
     environ = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0"}
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, "{}", str(tmp_path / f"o{i}.pt")], env=environ,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, "{}", str(tmp_path / f"o{i}.pt")],
+                              env=environ,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
     for p in procs:
         p.wait(timeout=600)
         assert p.returncode == 0, p.stderr.read()[-3000:]
@@ -298,8 +322,10 @@ def test_force_aot_load_with_nothing_saved_is_a_clear_error(tmp_path, monkeypatc
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
     monkeypatch.setenv("VLLM_FORCE_AOT_LOAD", "1")
-    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
-    with pytest.raises(FileNotFoundError, match="no AOT artifact at .*run once without VLLM_FORCE_AOT_LOAD"):
+    lm = build_model("llama", num_layers=1,
+                     compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    with pytest.raises(FileNotFoundError, match="no AOT artifact at .*run once "
+                                                "without VLLM_FORCE_AOT_LOAD"):
         lm(torch.arange(5), torch.arange(5))
 
 
@@ -309,8 +335,10 @@ def test_force_aot_load_with_the_cache_disabled_is_refused(tmp_path, monkeypatch
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     monkeypatch.setenv("VLLM_FORCE_AOT_LOAD", "1")
-    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
-    with pytest.raises(RuntimeError, match="VLLM_FORCE_AOT_LOAD=1 with VLLM_DISABLE_COMPILE_CACHE=1"):
+    lm = build_model("llama", num_layers=1,
+                     compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    with pytest.raises(RuntimeError, match="VLLM_FORCE_AOT_LOAD=1 with "
+                                           "VLLM_DISABLE_COMPILE_CACHE=1"):
         lm(torch.arange(5), torch.arange(5))
 
 
@@ -320,8 +348,10 @@ def test_disable_compile_cache_saves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
-    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
-    with compilation_counter.expect(num_aot_compiles=0, num_graphs_seen=1, num_aot_artifacts_saved=0,
+    lm = build_model("llama", num_layers=1,
+                     compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    with compilation_counter.expect(num_aot_compiles=0, num_graphs_seen=1,
+                                    num_aot_artifacts_saved=0,
                                     num_compiled_artifacts_saved=0):
         lm(torch.arange(5), torch.arange(5))
     assert lm.model.aot_compiled_fn is None and lm.model.compiled
@@ -356,7 +386,8 @@ def test_the_aot_artifact_is_saved_before_the_first_run(tmp_path, monkeypatch):
                         lambda self, *a, **k: FailingFirstRun(real_compile(self, *a, **k)))
     monkeypatch.setattr(aot, "save_aot_compiled_function",
                         lambda model: (events.append("save"), real_save(model)))
-    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    lm = build_model("llama", num_layers=1,
+                     compilation_config=CompilationConfig(max_num_batched_tokens=16))
     with pytest.raises(RuntimeError, match="warm-up run failed"):
         lm(torch.arange(5), torch.arange(5))
     assert events == ["save", "run"]
@@ -367,8 +398,10 @@ def test_disable_compile_cache_with_aot_asked_for_saves_nothing(tmp_path, monkey
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
-    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
-    with compilation_counter.expect(num_aot_compiles=1, num_aot_artifacts_saved=0, num_compiled_artifacts_saved=0):
+    lm = build_model("llama", num_layers=1,
+                     compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    with compilation_counter.expect(num_aot_compiles=1, num_aot_artifacts_saved=0,
+                                    num_compiled_artifacts_saved=0):
         lm(torch.arange(5), torch.arange(5))
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
     # the guards were dropped, so the fresh AOT function skips its guard check, as a loaded one does
@@ -377,9 +410,11 @@ def test_disable_compile_cache_with_aot_asked_for_saves_nothing(tmp_path, monkey
 
 def test_an_unwritable_cache_degrades_to_memory(tmp_path, monkeypatch, caplog):
     (tmp_path / "afile").write_text("")
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "afile" / "cache"))  # cannot be a directory
+    # cannot be a directory
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "afile" / "cache"))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
-    lm = build_model("llama", num_layers=1, compilation_config=CompilationConfig(max_num_batched_tokens=16))
+    lm = build_model("llama", num_layers=1,
+                     compilation_config=CompilationConfig(max_num_batched_tokens=16))
     eager = build_model("llama", num_layers=1)
     with caplog.at_level("WARNING", logger="minivllm_compile"):
         out = lm(torch.arange(5), torch.arange(5))
@@ -394,7 +429,8 @@ def test_which_config_fields_change_the_key():
     for field in ("debug_dump_path", "cache_dir"):  # documented as not mattering
         assert key(**{field: "/tmp/elsewhere"}) == base
     # a guard_filter_fn compiles nothing differently; its repr (an address) must not reach the key
-    assert key(inductor_compile_config={"guard_filter_fn": lambda entries: [True] * len(entries)}) == base
+    assert key(inductor_compile_config={"guard_filter_fn": lambda entries: [True]
+                                        * len(entries)}) == base
     assert key(inductor_compile_config={"max_autotune": True}) != base
     assert key(compile_sizes=[4]) != base
     assert key(mode=CompilationMode.DYNAMO_TRACE_ONCE) != base
@@ -411,7 +447,8 @@ def test_which_config_fields_change_the_key():
 def test_unpacked_artifacts_hold_readable_code(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
-    monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", "0")  # the mega artifact keeps its pieces' bytes inline
+    # the mega artifact keeps its pieces' bytes inline
+    monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", "0")
     cc = CompilationConfig(max_num_batched_tokens=16, compile_cache_save_format="unpacked")
     build_model("llama", num_layers=1, compilation_config=cc)(torch.arange(5), torch.arange(5))
     sources = [p for p in tmp_path.rglob("*.py") if "artifact_compile_range" in str(p)]

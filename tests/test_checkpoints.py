@@ -1,4 +1,5 @@
-"""The trained checkpoints: ours agrees with models no one here wrote, and the text looks like Python."""
+"""The trained checkpoints: ours agrees with models no one here wrote, and the
+text looks like Python."""
 
 import importlib.util
 import json
@@ -31,7 +32,8 @@ def _sample_ids(n=97):
 
 def test_transformers_llama_gives_the_same_logits(llama):
     transformers = pytest.importorskip("transformers")
-    hf = transformers.LlamaForCausalLM.from_pretrained(llama.checkpoint_dir, torch_dtype=torch.float32)
+    hf = transformers.LlamaForCausalLM.from_pretrained(llama.checkpoint_dir,
+                                                       torch_dtype=torch.float32)
     hf.eval()
     ids = _sample_ids()
     with torch.no_grad():
@@ -42,13 +44,15 @@ def test_transformers_llama_gives_the_same_logits(llama):
 
 
 def test_training_model_gives_the_same_logits_for_the_hybrid(hybrid):
-    """The hybrid has no transformers class; compare against the plain-torch model it was trained as."""
+    """The hybrid has no transformers class; compare against the plain-torch
+    model it was trained as."""
     spec = importlib.util.spec_from_file_location("train_tiny", ROOT / "scripts" / "train_tiny.py")
     train_tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_tiny)
     cfg = json.loads((hybrid.checkpoint_dir / "config.json").read_text())
     ref = train_tiny.TrainLM(cfg).eval()
-    missing, unexpected = ref.load_state_dict(load_file(hybrid.checkpoint_dir / "model.safetensors"), strict=False)
+    missing, unexpected = ref.load_state_dict(
+        load_file(hybrid.checkpoint_dir / "model.safetensors"), strict=False)
     assert not unexpected and all(".mixer." in k for k in missing)  # `mixer` aliases conv/self_attn
     ids = _sample_ids()
     with torch.no_grad():
@@ -82,7 +86,8 @@ def _edited_checkpoint(tmp_path, text: str) -> Path:
 
 
 def _with(**changes) -> str:
-    cfg = json.loads((load_model.__globals__["CHECKPOINTS"] / "tiny-llama" / "config.json").read_text())
+    cfg = json.loads((load_model.__globals__["CHECKPOINTS"] / "tiny-llama"
+                      / "config.json").read_text())
     for k, v in changes.items():
         if v is None:
             del cfg[k]

@@ -1,4 +1,5 @@
-"""CompilationConfig, the environment switches and the counter: bad input fails early and clearly."""
+"""CompilationConfig, the environment switches and the counter: bad input
+fails early and clearly."""
 
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from minivllm_compile import (
 
 
 def test_modes_are_vllms_int_enum():
-    assert [m.name for m in CompilationMode] == ["NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE"]
+    assert [m.name for m in CompilationMode] == ["NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE",
+                                                 "VLLM_COMPILE"]
     assert [int(m) for m in CompilationMode] == [0, 1, 2, 3]
     assert CompilationConfig(mode=2).mode is CompilationMode.DYNAMO_TRACE_ONCE
 
@@ -34,15 +36,19 @@ def test_modes_are_vllms_int_enum():
     (dict(dynamic_shapes_config=dict(evaluate_guards="yes")), "evaluate_guards"),
     (dict(inductor_compile_config=[("max_autotune", True)]), "inductor_compile_config"),
     # an unknown Inductor option would otherwise surface at the first call, after the trace
-    (dict(inductor_compile_config={"max_autotun": True}), r"\['max_autotun'\].*did you mean 'max_autotune'"),
+    (dict(inductor_compile_config={"max_autotun": True}), r"\['max_autotun'\].*did you mean "
+                                                          r"'max_autotune'"),
     (dict(inductor_compile_config={"triton.cudagraph": False}), "did you mean 'triton.cudagraphs'"),
     # accepted once, then failing late or reinterpreted
     (dict(pass_config=None), "pass_config must be a PassConfig"),
     (dict(pass_config=dict(enable_nop=False)), r"pass_config: .*enable_nop.*its fields are"),
     # this project's old name for vLLM's eliminate_noops
-    (dict(pass_config=dict(enable_noop=False)), r"did you mean 'eliminate_noops' for 'enable_noop'\?"),
-    (dict(pass_config=dict(eliminate_noops="no")), "PassConfig.eliminate_noops must be True or False, got 'no'"),
-    (dict(pass_config=dict(enable_fix_functionalization=0)), "enable_fix_functionalization must be True or False"),
+    (dict(pass_config=dict(enable_noop=False)), r"did you mean 'eliminate_noops' for "
+                                                r"'enable_noop'\?"),
+    (dict(pass_config=dict(eliminate_noops="no")), "PassConfig.eliminate_noops must "
+                                                   "be True or False, got 'no'"),
+    (dict(pass_config=dict(enable_fix_functionalization=0)),
+     "enable_fix_functionalization must be True or False"),
     (dict(dynamic_shapes_config="backed"), "dynamic_shapes_config must be a DynamicShapesConfig"),
     (dict(cache_dir=123), "cache_dir must be a path"),
     (dict(debug_dump_path=1.5), "debug_dump_path must be a path"),
@@ -50,11 +56,14 @@ def test_modes_are_vllms_int_enum():
     (dict(max_num_batched_tokens=True), "max_num_batched_tokens must be a positive int, got True"),
     (dict(enable_layerwise_nvtx_tracing=1), "enable_layerwise_nvtx_tracing must be True or False"),
     (dict(custom_ops=["all", "none"]), "one base mode at most"),
-    (dict(custom_ops=["none", "+rms_norm", "-rms_norm"]), r"both enables and disables \['rms_norm'\]"),
+    (dict(custom_ops=["none", "+rms_norm", "-rms_norm"]), r"both enables and disables "
+                                                          r"\['rms_norm'\]"),
     (dict(custom_ops="all"), "custom_ops must be a list"),
     (dict(max_num_batched_tokens=1), "max_num_batched_tokens=1 under VLLM_COMPILE.*at least 2"),
-    (dict(mode=CompilationMode.DYNAMO_TRACE_ONCE, max_num_batched_tokens=1), "under DYNAMO_TRACE_ONCE"),
-    (dict(compile_sizes=4), r"compile_sizes must be a list of ints, got 4 \(for one size, write \[4\]\)"),
+    (dict(mode=CompilationMode.DYNAMO_TRACE_ONCE, max_num_batched_tokens=1),
+     "under DYNAMO_TRACE_ONCE"),
+    (dict(compile_sizes=4), r"compile_sizes must be a list of ints, got 4 "
+                            r"\(for one size, write \[4\]\)"),
     (dict(compile_ranges_endpoints=8), "compile_ranges_endpoints must be a list"),
     (dict(splitting_ops="minivllm::short_conv"), "splitting_ops must be a list"),
 ])
@@ -64,9 +73,11 @@ def test_bad_config_fails_at_construction_naming_the_field(kwargs, match):
 
 
 def test_inductor_options_known_to_torch_and_guard_filter_fn_are_accepted():
-    cfg = CompilationConfig(inductor_compile_config={"max_autotune": False, "triton.cudagraphs": False,
+    cfg = CompilationConfig(inductor_compile_config={"max_autotune": False,
+                                                     "triton.cudagraphs": False,
                                                      "enable_auto_functionalized_v2": False,
-                                                     "guard_filter_fn": lambda entries: [False] * len(entries)})
+                                                     "guard_filter_fn": lambda entries: [False]
+                                                     * len(entries)})
     assert set(cfg.inductor_config_and_guard_filter()[0]) == {"max_autotune", "triton.cudagraphs",
                                                               "enable_auto_functionalized_v2"}
 
@@ -85,7 +96,8 @@ def test_compile_ranges_as_vllm_builds_them():
 def test_hash_changes_with_what_is_compiled_not_with_paths():
     base = CompilationConfig()
     assert base.compute_hash() == CompilationConfig().compute_hash()
-    assert base.compute_hash() != CompilationConfig(mode=CompilationMode.DYNAMO_TRACE_ONCE).compute_hash()
+    assert base.compute_hash() != CompilationConfig(
+        mode=CompilationMode.DYNAMO_TRACE_ONCE).compute_hash()
     assert base.compute_hash() != CompilationConfig(compile_sizes=[4]).compute_hash()
     assert base.compute_hash() != CompilationConfig(
         dynamic_shapes_config=DynamicShapesConfig(type=DynamicShapesType.UNBACKED)).compute_hash()
@@ -139,7 +151,8 @@ def test_custom_ops_switch_follows_vllm():
     assert CompilationConfig().custom_op_enabled("rms_norm")  # default: all
     none = CompilationConfig(custom_ops=["none", "+silu_and_mul"])
     assert not none.custom_op_enabled("rms_norm") and none.custom_op_enabled("silu_and_mul")
-    assert not CompilationConfig(custom_ops=["all", "-rotary_embedding"]).custom_op_enabled("rotary_embedding")
+    assert not CompilationConfig(
+        custom_ops=["all", "-rotary_embedding"]).custom_op_enabled("rotary_embedding")
     with pytest.raises(ValueError, match="custom_ops.*'\\+name'"):
         CompilationConfig(custom_ops=["+layernorm"])
 
@@ -162,13 +175,16 @@ def test_default_device_follows_minivllm_device(monkeypatch):
 
 def test_the_values_those_refusals_spare_still_construct():
     """Where the refusals above stop: what vLLM accepts is still accepted."""
-    assert CompilationConfig(mode=CompilationMode.NONE, max_num_batched_tokens=1).max_num_batched_tokens == 1
+    assert CompilationConfig(mode=CompilationMode.NONE,
+                             max_num_batched_tokens=1).max_num_batched_tokens == 1
     unbacked = DynamicShapesConfig(type=DynamicShapesType.UNBACKED)
     assert CompilationConfig(max_num_batched_tokens=1, dynamic_shapes_config=unbacked)
-    assert CompilationConfig(pass_config={"eliminate_noops": False}).pass_config.eliminate_noops is False
+    assert CompilationConfig(
+        pass_config={"eliminate_noops": False}).pass_config.eliminate_noops is False
     assert CompilationConfig(cache_dir=Path("/tmp/x")).cache_dir == "/tmp/x"
     assert CompilationConfig(compile_sizes=(8, 4)).compile_sizes == [4, 8]
-    assert CompilationConfig(custom_ops=["none", "+rms_norm", "-silu_and_mul"]).custom_op_enabled("rms_norm")
+    assert CompilationConfig(custom_ops=["none", "+rms_norm",
+                                         "-silu_and_mul"]).custom_op_enabled("rms_norm")
 
 
 def test_an_empty_cache_root_is_refused(monkeypatch):
@@ -206,21 +222,26 @@ def test_a_range_gated_pass_adds_its_endpoint():
     from minivllm_compile import PassConfig
 
     gated = PassConfig(enable_qk_norm_rope_fusion=True, qk_norm_rope_fusion_max_token_num=8)
-    cc = CompilationConfig(max_num_batched_tokens=32, compile_ranges_endpoints=[16], pass_config=gated)
+    cc = CompilationConfig(max_num_batched_tokens=32, compile_ranges_endpoints=[16],
+                           pass_config=gated)
     assert cc.get_compile_ranges() == [Range(1, 8), Range(9, 16), Range(17, 32)]
     off = PassConfig(qk_norm_rope_fusion_max_token_num=8)
-    assert CompilationConfig(max_num_batched_tokens=32, pass_config=off).get_compile_ranges() == [Range(1, 32)]
+    assert CompilationConfig(max_num_batched_tokens=32,
+                             pass_config=off).get_compile_ranges() == [Range(1, 32)]
     past = PassConfig(enable_qk_norm_rope_fusion=True, qk_norm_rope_fusion_max_token_num=64)
-    assert CompilationConfig(max_num_batched_tokens=32, pass_config=past).get_compile_ranges() == [Range(1, 32)]
-    assert cc.compute_hash() != CompilationConfig(max_num_batched_tokens=32, compile_ranges_endpoints=[16]).compute_hash()
-    with pytest.raises(ValueError, match="qk_norm_rope_fusion_max_token_num must be a positive int or None"):
+    assert CompilationConfig(max_num_batched_tokens=32,
+                             pass_config=past).get_compile_ranges() == [Range(1, 32)]
+    assert cc.compute_hash() != CompilationConfig(max_num_batched_tokens=32,
+                                                  compile_ranges_endpoints=[16]).compute_hash()
+    with pytest.raises(ValueError, match="qk_norm_rope_fusion_max_token_num must "
+                                         "be a positive int or None"):
         PassConfig(qk_norm_rope_fusion_max_token_num=0)
 
 
 def test_v1_auto_functionalization_is_set_by_the_config_in_every_mode():
     """As vLLM's CompilationConfig.__post_init__ sets enable_auto_functionalized_v2=False (the
-    passes read v1 nodes): so DYNAMO_TRACE_ONCE's whole-graph Inductor compile gets it too, not only the
-    backend's; a value the user gives wins."""
+    passes read v1 nodes): so DYNAMO_TRACE_ONCE's whole-graph Inductor compile gets it too, not only
+    the backend's; a value the user gives wins."""
     from minivllm_compile.models import build_model
 
     for mode in CompilationMode:

@@ -7,11 +7,20 @@ import pytest
 import torch
 from torch import nn
 
-from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode, compilation_counter
-from minivllm_compile import support_torch_compile
+from minivllm_compile import (
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    compilation_counter,
+    support_torch_compile,
+)
 from minivllm_compile.config import AttentionCGSupport
-from minivllm_compile.cuda_graph import (BatchDescriptor, CUDAGraphWrapper, CudagraphDispatcher,
-                                         StaticBufferReplay)
+from minivllm_compile.cuda_graph import (
+    BatchDescriptor,
+    CudagraphDispatcher,
+    CUDAGraphWrapper,
+    StaticBufferReplay,
+)
 from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
 from minivllm_compile.monitor import set_cudagraph_capturing_enabled
@@ -49,13 +58,15 @@ def test_every_num_tokens_matches_eager_and_captures_only_at_start_up(mode, eage
     before = compilation_counter.clone()
     lm.warmup()
     captured = compilation_counter.num_cudagraph_captured - before.num_cudagraph_captured
-    pieces = compilation_counter.num_piecewise_capturable_graphs_seen - before.num_piecewise_capturable_graphs_seen
+    pieces = (compilation_counter.num_piecewise_capturable_graphs_seen
+              - before.num_piecewise_capturable_graphs_seen)
     want = {"NONE": 0, "PIECEWISE": len(SIZES) * pieces, "FULL": len(SIZES),
             "FULL_AND_PIECEWISE": len(SIZES) * pieces + len(SIZES)}[mode]
     assert pieces == 3 and captured == want  # 2 layers: 3 compiled pieces between 2 attentions
     with compilation_counter.expect(num_cudagraph_captured=0):
         for n in range(1, 25):  # 17..24: above the largest capture size, no graph
-            ids, pos = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(n)), torch.arange(n)
+            ids, pos = torch.randint(0, 200, (n,),
+                                     generator=torch.Generator().manual_seed(n)), torch.arange(n)
             torch.testing.assert_close(lm(ids, pos), eager(ids, pos), **TOL)
         assert lm.generate(["hello world", "ab"], 6) == eager.generate(["hello world", "ab"], 6)
 
@@ -64,14 +75,18 @@ def test_the_dispatcher_pads_to_the_next_capture_size():
     cc = cfg("FULL_AND_PIECEWISE", sizes=[1, 2, 4, 8])
     d = CudagraphDispatcher(cc)
     table = {n: (d.dispatch(n)[0].name, d.dispatch(n)[1].num_tokens) for n in range(1, 11)}
-    assert table == {1: ("PIECEWISE", 1), 2: ("PIECEWISE", 2), 3: ("PIECEWISE", 4), 4: ("PIECEWISE", 4),
-                     5: ("PIECEWISE", 8), 6: ("PIECEWISE", 8), 7: ("PIECEWISE", 8), 8: ("PIECEWISE", 8),
+    assert table == {1: ("PIECEWISE", 1), 2: ("PIECEWISE", 2), 3: ("PIECEWISE", 4),
+                     4: ("PIECEWISE", 4),
+                     5: ("PIECEWISE", 8), 6: ("PIECEWISE", 8), 7: ("PIECEWISE", 8),
+                     8: ("PIECEWISE", 8),
                      9: ("NONE", 9), 10: ("NONE", 10)}
     # a uniform decode batch takes the FULL graph, keyed with its (padded) request count
-    assert d.dispatch(3, uniform_decode=True) == (CUDAGraphMode.FULL, BatchDescriptor(4, num_reqs=4, uniform=True))
+    assert d.dispatch(3, uniform_decode=True) == (CUDAGraphMode.FULL,
+                                                  BatchDescriptor(4, num_reqs=4, uniform=True))
     assert CudagraphDispatcher(cfg("FULL", sizes=[2, 8])).dispatch(3) == (
         CUDAGraphMode.FULL, BatchDescriptor(8, num_reqs=8))
-    assert CudagraphDispatcher(cfg("FULL_DECODE_ONLY", sizes=[2, 8])).dispatch(3)[0] == CUDAGraphMode.NONE
+    assert CudagraphDispatcher(cfg("FULL_DECODE_ONLY",
+                                   sizes=[2, 8])).dispatch(3)[0] == CUDAGraphMode.NONE
     assert [(m.name, [x.num_tokens for x in ds]) for m, ds in d.get_capture_descs()] == [
         ("PIECEWISE", [8, 4, 2, 1]), ("FULL", [8, 4, 2, 1])]
 
@@ -80,9 +95,11 @@ def test_default_sizes_follow_vllms_list_capped_at_max_num_batched_tokens():
     cc = CompilationConfig(cudagraph_mode="PIECEWISE", max_num_batched_tokens=300)
     assert cc.cudagraph_capture_sizes == [1, 2, 4, *range(8, 256, 8), 256, 272, 288, 300]
     assert cc.max_cudagraph_capture_size == 300
-    cc = CompilationConfig(cudagraph_mode="FULL", max_num_batched_tokens=2048, max_cudagraph_capture_size=40)
+    cc = CompilationConfig(cudagraph_mode="FULL", max_num_batched_tokens=2048,
+                           max_cudagraph_capture_size=40)
     assert cc.cudagraph_capture_sizes == [1, 2, 4, 8, 16, 24, 32, 40]
-    assert CompilationConfig(cudagraph_mode="full", max_num_batched_tokens=1024).max_cudagraph_capture_size == 512
+    assert CompilationConfig(cudagraph_mode="full",
+                             max_num_batched_tokens=1024).max_cudagraph_capture_size == 512
 
 
 def test_the_default_is_no_cuda_graphs():
@@ -148,9 +165,12 @@ def test_resolution_without_attention_in_the_splitting_ops_and_the_refusal():
 
 def test_mode_methods_as_vllm():
     M = CUDAGraphMode
-    assert M.FULL_AND_PIECEWISE.decode_mode() == M.FULL and M.FULL_AND_PIECEWISE.mixed_mode() == M.PIECEWISE
-    assert M.FULL_DECODE_ONLY.mixed_mode() == M.NONE and not M.FULL_DECODE_ONLY.requires_piecewise_compilation()
-    assert M.FULL_AND_PIECEWISE.without_piecewise() == M.FULL_DECODE_ONLY and M.PIECEWISE.without_piecewise() == M.NONE
+    assert (M.FULL_AND_PIECEWISE.decode_mode() == M.FULL and M.FULL_AND_PIECEWISE.mixed_mode()
+            == M.PIECEWISE)
+    assert (M.FULL_DECODE_ONLY.mixed_mode() == M.NONE
+            and not M.FULL_DECODE_ONLY.requires_piecewise_compilation())
+    assert (M.FULL_AND_PIECEWISE.without_piecewise() == M.FULL_DECODE_ONLY
+            and M.PIECEWISE.without_piecewise() == M.NONE)
     assert M.FULL_AND_PIECEWISE.has_full_cudagraphs() and not M.PIECEWISE.has_full_cudagraphs()
     assert M.valid_runtime_modes() == {M.NONE, M.PIECEWISE, M.FULL} and not M.NONE
 
@@ -174,11 +194,13 @@ def test_a_kept_output_is_overwritten_by_the_next_replay():
     w, x = _wrapper(), torch.ones(4)
     with capturing():
         first = _step(w, x)
-    assert isinstance(w.concrete_cudagraph_entries[BatchDescriptor(4, 4)].cudagraph, StaticBufferReplay)
+    assert isinstance(w.concrete_cudagraph_entries[BatchDescriptor(4, 4)].cudagraph,
+                      StaticBufferReplay)
     kept = first
     x.fill_(5)  # the same buffer, new values
     second = _step(w, x)
-    assert second is kept and torch.equal(kept, torch.full((4,), 10.0))  # the kept "step 1" output changed
+    # the kept "step 1" output changed
+    assert second is kept and torch.equal(kept, torch.full((4,), 10.0))
 
 
 def test_without_copy_inputs_a_fresh_input_tensor_is_not_seen():
@@ -230,7 +252,8 @@ class Counting(nn.Module):
 def test_buffer_mutation_is_allowed_without_cuda_graphs():
     """vLLM refuses Dynamo's `update` only under a CUDA-graph mode: without a graph it just runs."""
     m = support_torch_compile(type("CountingCG", (Counting,), {}))(
-        compilation_config=CompilationConfig(mode=CompilationMode.DYNAMO_TRACE_ONCE, backend="eager"))
+        compilation_config=CompilationConfig(mode=CompilationMode.DYNAMO_TRACE_ONCE,
+                                             backend="eager"))
     for _ in range(2):
         m(torch.randn(4, 8))
     assert m.calls.item() == 2
@@ -242,7 +265,8 @@ def test_real_cuda_graph_capture_and_replay():
     x = torch.ones(4, device="cuda")
     with capturing():
         out = _step(w, x)
-    assert isinstance(w.concrete_cudagraph_entries[BatchDescriptor(4, 4)].cudagraph, torch.cuda.CUDAGraph)
+    assert isinstance(w.concrete_cudagraph_entries[BatchDescriptor(4, 4)].cudagraph,
+                      torch.cuda.CUDAGraph)
     x.fill_(5)
     assert _step(w, x) is out and torch.equal(out, torch.full((4,), 10.0, device="cuda"))
 
@@ -253,43 +277,54 @@ from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode, 
 from minivllm_compile.models import build_model
 cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=8,
                        cudagraph_mode=CUDAGraphMode[sys.argv[1]], cudagraph_capture_sizes=[1, 2, 4])
-lm, eager = build_model("llama", num_layers=1, compilation_config=cc), build_model("llama", num_layers=1)
+lm, eager = (build_model("llama", num_layers=1, compilation_config=cc),
+             build_model("llama", num_layers=1))
 lm.warmup()
 at_start = vars(compilation_counter).copy()
 diff = 0.0
 for n in range(1, 9):  # 5..8: above the largest capture size, no graph
     ids = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(n))
     diff = max(diff, (lm(ids, torch.arange(n)) - eager(ids, torch.arange(n))).abs().max().item())
-print("RESULT " + json.dumps({"at_start": at_start, "captured_later": compilation_counter.num_cudagraph_captured
+print("RESULT " + json.dumps({"at_start": at_start,
+                              "captured_later": compilation_counter.num_cudagraph_captured
                               - at_start["num_cudagraph_captured"], "diff": diff}))
 """
 
 
 @pytest.mark.parametrize("mega", ["1", "0"])
 def test_an_aot_loaded_model_is_wrapped_and_captured_as_a_compiled_one(mega, tmp_path):
-    """A warm start builds the pieces without running the compiler (mega: from the AOT file; not mega:
-    VllmBackend again over the saved graph): their wrappers must exist there too, capture at start-up
-    and replay the loaded kernels. The cache key leaves cudagraph_mode out (as vLLM's), so an
-    artifact compiled without graphs is loaded under PIECEWISE and wrapped then."""
+    """A warm start builds the pieces without running the compiler (mega: from the AOT file; not
+    mega: VllmBackend again over the saved graph): their wrappers must exist there too, capture at
+    start-up and replay the loaded kernels. The cache key leaves cudagraph_mode out (as vLLM's), so
+    an artifact compiled without graphs is loaded under PIECEWISE and wrapped then."""
     import json
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "VLLM_DISABLE_COMPILE_CACHE": "0", "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "VLLM_USE_MEGA_AOT_ARTIFACT": mega}
+    env = {**os.environ, "VLLM_DISABLE_COMPILE_CACHE": "0",
+           "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "VLLM_USE_MEGA_AOT_ARTIFACT": mega}
 
     def run(mode: str) -> dict:
-        out = subprocess.run([sys.executable, "-c", LOAD_CHILD, mode], env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", LOAD_CHILD, mode], env=env,
+                             capture_output=True, text=True,
                              timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+        return json.loads(next(line for line in out.stdout.splitlines()
+                               if line.startswith("RESULT "))[7:])
 
     cold, warm = run("NONE"), run("PIECEWISE")
-    assert cold["at_start"]["num_aot_artifacts_saved"] == 1 and cold["at_start"]["num_cudagraph_captured"] == 0
+    assert (cold["at_start"]["num_aot_artifacts_saved"] == 1
+            and cold["at_start"]["num_cudagraph_captured"] == 0)
     s = warm["at_start"]
-    assert s["num_aot_artifacts_loaded"] == 1 and s["num_inductor_compiles"] == 0  # loaded, not compiled
-    # not mega: the backend runs again over the saved graph, each piece through CompilerManager.compile
-    assert (s["num_graphs_seen"], s["num_backend_compilations"]) == ((0, 0) if mega == "1" else (1, 2))
-    assert s["num_cudagraph_captured"] == 2 * 3  # 1 layer: 2 compiled pieces x capture sizes 1, 2, 4
+    # loaded, not compiled
+    assert s["num_aot_artifacts_loaded"] == 1 and s["num_inductor_compiles"] == 0
+    # not mega: the backend runs again over the saved graph, each piece
+    # through CompilerManager.compile
+    assert (s["num_graphs_seen"], s["num_backend_compilations"]) == (
+        (0, 0) if mega == "1" else (1, 2))
+    # 1 layer: 2 compiled pieces x capture sizes 1, 2, 4
+    assert s["num_cudagraph_captured"] == 2 * 3
     assert warm["captured_later"] == 0 and warm["diff"] <= 1e-4 and cold["diff"] <= 1e-4

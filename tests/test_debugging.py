@@ -76,9 +76,11 @@ def test_every_switch_makes_a_valid_config_and_leaves_the_original_alone():
         and got["backend=eager"].cudagraph_mode == CUDAGraphMode.PIECEWISE
     )
     # the IR switch, and the switches that change mode or backend let the wrap resolve afresh
-    assert cc.ir_enable_torch_wrap is True and got["ir_enable_torch_wrap=False"].ir_enable_torch_wrap is False
-    assert got["ir_enable_torch_wrap=False"].mode == CompilationMode.VLLM_COMPILE
-    assert got["backend=eager"].ir_enable_torch_wrap is False and got["mode=NONE"].ir_enable_torch_wrap is False
+    unwrapped = got["ir_enable_torch_wrap=False"]
+    assert cc.ir_enable_torch_wrap is True and unwrapped.ir_enable_torch_wrap is False
+    assert unwrapped.mode == CompilationMode.VLLM_COMPILE
+    assert got["backend=eager"].ir_enable_torch_wrap is False
+    assert got["mode=NONE"].ir_enable_torch_wrap is False
     assert got["cudagraph_mode=NONE"].ir_enable_torch_wrap is True
     off = got["passes off"]
     assert not any(v for v in vars(off.pass_config).values() if isinstance(v, bool))
@@ -105,7 +107,8 @@ def test_narrower_means_fewer_pieces_turned_off():
     assert not s["cudagraph_mode=NONE"].narrower_than(s["mode=NONE"])
     assert not s["backend=eager"].narrower_than(s["mode=STOCK_TORCH_COMPILE"])
     ir_wrap = s["ir_enable_torch_wrap=False"]
-    assert ir_wrap.narrower_than(s["backend=eager"]) and ir_wrap.narrower_than(s["mode=STOCK_TORCH_COMPILE"])
+    assert ir_wrap.narrower_than(s["backend=eager"])
+    assert ir_wrap.narrower_than(s["mode=STOCK_TORCH_COMPILE"])
     assert not ir_wrap.narrower_than(s["passes off"]) and not s["passes off"].narrower_than(ir_wrap)
 
 
@@ -200,7 +203,8 @@ def test_the_serializable_function_answers_depyf_by_a_code_name():
 
 @support_torch_compile
 class _DonatesThenReads(nn.Module):
-    """Reads h again after donating it to fused_add_rms_norm.maybe_inplace: the IR's contract broken."""
+    """Reads h again after donating it to fused_add_rms_norm.maybe_inplace, against the IR's
+    contract."""
 
     def __init__(self, *, compilation_config=None):
         super().__init__()
@@ -219,12 +223,14 @@ class _DonatesThenReads(nn.Module):
 def test_rerun_finds_the_ir_wrap_for_a_model_that_breaks_the_ir_contract(compile_every_time):
     """Under Inductor with the wrap on, the IR's pre-grad pass refuses the graph; with the wrap off
     Dynamo traces the provider itself and the model runs: the IR switch is the narrowest."""
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, splitting_ops=[])
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16,
+                           splitting_ops=[])
     eager = _DonatesThenReads(compilation_config=CompilationConfig(mode=CompilationMode.NONE))
     with torch.no_grad():
-        rows = rerun(lambda c: _DonatesThenReads(compilation_config=c), cc, [torch.randn(8, 16)], eager,
-                     switches=["ir_enable_torch_wrap=False", "passes off", "backend=eager"])
+        rows = rerun(lambda c: _DonatesThenReads(compilation_config=c), cc, [torch.randn(8, 16)],
+                     eager, switches=["ir_enable_torch_wrap=False", "passes off", "backend=eager"])
     assert [(r.switch, r.ok) for r in rows] == [
-        ("", False), ("ir_enable_torch_wrap=False", True), ("passes off", False), ("backend=eager", True)]
+        ("", False), ("ir_enable_torch_wrap=False", True), ("passes off", False),
+        ("backend=eager", True)]
     assert "ValueError" in rows[0].said and "maybe_inplace" in rows[0].said
     assert narrowest(rows) == ["ir_enable_torch_wrap=False"]

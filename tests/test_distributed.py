@@ -270,7 +270,7 @@ def test_a_function_from_a_notebook_cell_travels_by_value():
     def cell_fn(x, k=2):
         return math.floor(_helper(x) + offset + k) + fact(3) + helper2(1)
 
-    helper2 = lambda v: v + 100
+    helper2 = lambda v: v + 100  # noqa: E731  (a lambda is one of the kinds that must travel)
     sent = by_value.loads(by_value.dumps(cell_fn))
     assert sent is not cell_fn and sent(1.5) == cell_fn(1.5) == math.floor(4.5 + 12) + 6 + 101
     assert by_value.loads(by_value.dumps(_helper)) is _helper  # by reference

@@ -10,8 +10,10 @@ from minivllm_compile.passes.example_user_pass import SiluAndMulToNativePass
 
 
 def compiled_llama(**inductor_config):
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[4], max_num_batched_tokens=32,
-                           inductor_compile_config={"fx_graph_cache": False, **inductor_config})  # a hit skips the pass
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[4],
+                           max_num_batched_tokens=32,
+                           # a hit skips the pass
+                           inductor_compile_config={"fx_graph_cache": False, **inductor_config})
     return build_model("llama", num_layers=2, compilation_config=cc)
 
 
@@ -30,7 +32,8 @@ def test_the_pass_unwraps_every_silu_and_mul_and_changes_no_output():
     lm, plain = compiled_llama(post_grad_custom_post_pass=user_pass), compiled_llama()
     for n in (4, 11):
         ids = torch.randint(0, 258, (n,))
-        torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)),
+                                   atol=1e-4, rtol=1e-4)
         plain(ids, torch.arange(n))
     assert "silu_and_mul" in generated_code(plain)  # the opaque call, without the pass
     assert "silu_and_mul" not in generated_code(lm)  # Inductor got silu and mul, and fused them
@@ -41,8 +44,10 @@ def test_the_pass_unwraps_every_silu_and_mul_and_changes_no_output():
 
 
 def test_the_pass_is_in_the_key_by_its_source():
-    with_pass = CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": SiluAndMulToNativePass()})
-    again = CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": SiluAndMulToNativePass()})
+    with_pass = CompilationConfig(inductor_compile_config={
+        "post_grad_custom_post_pass": SiluAndMulToNativePass()})
+    again = CompilationConfig(inductor_compile_config={
+        "post_grad_custom_post_pass": SiluAndMulToNativePass()})
     # a new instance, the same pass
     assert cache_keys.passes_uuid(with_pass) == cache_keys.passes_uuid(again)
     assert cache_keys.passes_uuid(with_pass) != cache_keys.passes_uuid(CompilationConfig())

@@ -16,12 +16,14 @@ def test_04_1_a_malformed_answer_says_what_shape_to_give():
 
 def test_04_1_asks_about_a_wrong_entry_without_naming_it_and_restores_the_hook_setting(monkeypatch):
     monkeypatch.delenv("VLLM_USE_BYTECODE_HOOK", raising=False)
-    nb04._calls_truth.cache_clear()  # measure again: the setting must be put back by the measurement
+    # measure again: the setting must be put back by the measurement
+    nb04._calls_truth.cache_clear()
     answer = {"traces": [1, 0, 1, 0, 1, 0], "entered": [True, True, True, True, True, False]}
     with pytest.raises(ExerciseFailed) as failed:
         nb04.grade_two_models(answer)
     lesson = failed.value.lesson
-    assert "entered: 1 of your 6 entries are wrong" in lesson and "hook-on model's later call run" in lesson
+    assert ("entered: 1 of your 6 entries are wrong" in lesson
+            and "hook-on model's later call run" in lesson)
     assert "traces:" not in lesson and "[True, True, True, False" in failed.value.measured
     assert "VLLM_USE_BYTECODE_HOOK" not in os.environ
 
@@ -30,7 +32,8 @@ def test_04_2_an_in_place_write_is_allowed():
     answer = {"rebind": (True, 3), "add_": (True, 3), "+=": (True, 3), "int attribute": (False, 1)}
     with pytest.raises(ExerciseFailed) as failed:
         nb04.grade_state_changes(answer)
-    assert "'add_', refused under cudagraph_mode='FULL': not True. An in-place method" in failed.value.lesson
+    assert ("'add_', refused under cudagraph_mode='FULL': not True. An in-place "
+            "method" in failed.value.lesson)
     assert "'add_': refused under FULL: False" in failed.value.measured
 
 
@@ -51,9 +54,11 @@ def test_the_static_retrace_exercise_04_1_teaches_is_also_warned_about(caplog):
 
     with caplog.at_level(logging.WARNING, logger="minivllm_compile"):
         truth = nb04.run_calls()
-    assert truth["traces"][4] == 1 and truth["static_retrace"]  # call 5: the hook-off model traces again
+    # call 5: the hook-off model traces again
+    assert truth["traces"][4] == 1 and truth["static_retrace"]
     warned = [r.getMessage() for r in caplog.records if "traced this model again" in r.getMessage()]
-    assert len(warned) == 1 and "static shapes" in warned[0] and "VLLM_USE_BYTECODE_HOOK" in warned[0]
+    assert (len(warned) == 1 and "static shapes" in warned[0]
+            and "VLLM_USE_BYTECODE_HOOK" in warned[0])
 
 
 def test_instances_of_one_class_with_the_hook_on_and_off_keep_their_own_traces(caplog):
@@ -66,6 +71,7 @@ def test_instances_of_one_class_with_the_hook_on_and_off_keep_their_own_traces(c
 
     with caplog.at_level(logging.WARNING, logger="minivllm_compile"):
         truth = nb04.run_calls(nb04.Toy)
-    assert truth == {"traces": [1, 0, 1, 0, 0, 0], "entered": [True, True, True, False, True, False],
+    assert truth == {"traces": [1, 0, 1, 0, 0, 0],
+                     "entered": [True, True, True, False, True, False],
                      "static_retrace": False}
     assert "traced this model again" not in caplog.text

@@ -49,16 +49,22 @@ def _functional(out_like):
 
 
 def test_a_wrong_replacement_is_caught_before_anything_compiles():
-    half = lambda x: torch.empty(x.shape[:-1] + (x.shape[-1] // 2,))
+    def half(x):
+        return torch.empty(x.shape[:-1] + (x.shape[-1] // 2,))
+
     said = _fails("13.2", (_pattern, _functional(torch.empty_like)))
     assert "`out` has shape (5, 16)" in said and "(5, 8)" in said
     assert "which element holds what the op wrote" in _fails("13.2", (_pattern, _functional(half)))
-    swapped = lambda x: _pattern(x.flip(-1))  # gate and up the other way round
+
+    def swapped(x):  # gate and up the other way round
+        return _pattern(x.flip(-1))
+
     assert "your pattern is not SiluAndMul" in _fails("13.2", (swapped, _functional(half)))
 
 
 def test_a_pattern_in_the_custom_op_form_is_told_what_the_plain_torch_graph_holds():
-    half = lambda x: torch.empty(x.shape[:-1] + (x.shape[-1] // 2,))
+    def half(x):
+        return torch.empty(x.shape[:-1] + (x.shape[-1] // 2,))
 
     def custom(x):
         return _functional(half)(x)[1]
@@ -75,4 +81,5 @@ def test_a_starter_is_not_attempted(monkeypatch, capsys):
         raise NotImplementedError
 
     exercises.check("13.2", (todo, todo))
-    assert "not attempted yet (your function still raises NotImplementedError)" in capsys.readouterr().out
+    assert ("not attempted yet (your function still raises "
+            "NotImplementedError)" in capsys.readouterr().out)

@@ -34,7 +34,8 @@ minivllm = torch.ops.minivllm
 N = 9
 LISTED = {op._opname for op in FixFunctionalizationPass.MUTATED_ARGS}
 # its place in the pipeline: last, after the IR lowering and the clean-ups
-_NAMES = [type(p).__name__ for p in make_pass_manager(CompilationConfig(mode=CompilationMode.VLLM_COMPILE)).all_passes()]
+_NAMES = [type(p).__name__ for p in make_pass_manager(
+    CompilationConfig(mode=CompilationMode.VLLM_COMPILE)).all_passes()]
 FIX = f"post_grad.{_NAMES.index('FixFunctionalizationPass')}.FixFunctionalizationPass"
 
 
@@ -69,7 +70,8 @@ def _pieces(manager) -> list[dict[str, str]]:
 
 def _wrapped_listed(text: str) -> list[str]:
     """The listed ops still `auto_functionalized` in a graph's source."""
-    return [op for op in re.findall(r"\bauto_functionalized\(torch\.ops\.minivllm\.(\w+)\.default", text)
+    return [op for op in re.findall(r"\bauto_functionalized\(torch\.ops\.minivllm\.(\w+)\.default",
+                                    text)
             if op in LISTED]
 
 
@@ -96,7 +98,8 @@ def test_no_listed_op_is_left_functional_in_any_piece(name, num_layers):
     for i, recs in enumerate(pieces):
         before, after = recs[f"{FIX}.before"], recs[f"{FIX}.after"]
         assert _wrapped_listed(after) == [], (i, after)
-        assert "fused_add_rms_norm" not in before or "torch.ops.minivllm.fused_add_rms_norm.default(" in after
+        assert ("fused_add_rms_norm" not in before
+                or "torch.ops.minivllm.fused_add_rms_norm.default(" in after)
         # a write-back whose source the op now writes itself is a self-copy: erased
         written_back += len(re.findall(r"copy_\.default\(arg\d+_1, ", before))
         assert _self_copies(after) == [], (i, after)
@@ -138,7 +141,8 @@ def _piece(h: torch.Tensor, residual: torch.Tensor, w: torch.Tensor) -> torch.Te
 
 def test_a_mutated_graph_input_is_written_in_place_and_its_write_back_erased():
     g = torch.Generator().manual_seed(0)
-    h, r, w = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g), torch.rand(8, generator=g) + 0.5
+    h, r, w = torch.randn(5, 8, generator=g), torch.randn(
+        5, 8, generator=g), torch.rand(8, generator=g) + 0.5
     r_eager, r_fx, r_fixed = r.clone(), r.clone(), r.clone()
     ref = _piece(h, r_eager, w)
 
@@ -149,8 +153,10 @@ def test_a_mutated_graph_input_is_written_in_place_and_its_write_back_erased():
 
     fix = FixFunctionalizationPass()
     out_fixed, graph = _aot(_piece, (h, r_fixed, w), [fix])
-    assert fix.defunctionalized == {"minivllm::fused_add_rms_norm": 2} and not fix.skipped_read_later
-    assert not [n for n in graph.nodes if n.target in (auto_functionalized, torch.ops.aten.copy_.default)]
+    assert fix.defunctionalized == {
+        "minivllm::fused_add_rms_norm": 2} and not fix.skipped_read_later
+    assert not [n for n in graph.nodes if n.target in (auto_functionalized,
+                                                       torch.ops.aten.copy_.default)]
     # both calls now write the graph input itself
     calls = [n for n in graph.nodes if n.target is minivllm.fused_add_rms_norm.default]
     assert [c.args[1].op for c in calls] == ["placeholder", "placeholder"]
@@ -188,7 +194,8 @@ def test_an_op_that_returns_a_value_and_mutates_is_rewritten_too(monkeypatch):
     assert fix.defunctionalized == {"minivllm_test::scale_and_sum": 1}
     assert not [n for n in graph.nodes if n.target is auto_functionalized]
     (call,) = [n for n in graph.nodes if n.target is op]
-    assert any(u.target is torch.ops.aten.mul.Tensor for u in call.users)  # total * 2 reads the call
+    # total * 2 reads the call
+    assert any(u.target is torch.ops.aten.mul.Tensor for u in call.users)
     ref_out, ref_total = fn(h)
     torch.testing.assert_close(out, ref_out)
     torch.testing.assert_close(total, ref_total)
@@ -221,17 +228,20 @@ class NormChain(nn.Module):
 
 def _chain(read_between: bool):
     """(compiled output, residual after, eager output, residual after, the pass's record)."""
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16, splitting_ops=[],
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16,
+                           splitting_ops=[],
                            inductor_compile_config={"fx_graph_cache": False})
     compiled = NormChain(compilation_config=cc, read_between=read_between)
-    eager = NormChain(compilation_config=CompilationConfig(mode=CompilationMode.NONE), read_between=read_between)
+    eager = NormChain(compilation_config=CompilationConfig(mode=CompilationMode.NONE),
+                      read_between=read_between)
     g = torch.Generator().manual_seed(1)
     x, r = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
     r_compiled, r_eager = r.clone(), r.clone()
     with torch.no_grad():
         out, ref = compiled(x, r_compiled), eager(x, r_eager)
     (piece,) = _pieces(compiled.backend.post_grad_pass_manager)
-    return out, r_compiled, ref, r_eager, piece, compiled.backend.post_grad_pass_manager.fix_functionalization
+    return (out, r_compiled, ref, r_eager, piece,
+            compiled.backend.post_grad_pass_manager.fix_functionalization)
 
 
 @pytest.mark.parametrize("read_between", [False, True])
@@ -289,7 +299,8 @@ def _write_back_graph(reader: str) -> fx.GraphModule:
 def test_a_write_back_copy_is_no_read_but_a_copy_from_the_buffer_is(reader):
     gm = _write_back_graph(reader)
     gen = torch.Generator().manual_seed(0)
-    h0, r, w = torch.randn(3, 8, generator=gen), torch.randn(3, 8, generator=gen), torch.rand(8, generator=gen)
+    h0, r, w = torch.randn(3, 8, generator=gen), torch.randn(
+        3, 8, generator=gen), torch.rand(8, generator=gen)
     args = lambda: (h0, r.clone(), w, torch.zeros(3, 8))  # noqa: E731
     ref_args = args()
     ref = gm(*ref_args)
@@ -303,6 +314,7 @@ def test_a_write_back_copy_is_no_read_but_a_copy_from_the_buffer_is(reader):
     left = [n for n in gm.graph.nodes if n.target is auto_functionalized]
     if reader == "write_back":
         assert not left and not fix.skipped_read_later
-        assert not [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]  # self-copy erased
+        # self-copy erased
+        assert not [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]
     else:
         assert len(left) == 1 and fix.skipped_read_later == {"minivllm::fused_add_rms_norm": 1}

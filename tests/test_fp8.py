@@ -25,7 +25,8 @@ from minivllm_compile.tour import PROMPTS
 ops = torch.ops.minivllm
 FP8_DIR = CHECKPOINTS / "tiny-llama-fp8"
 EPS = 1e-5
-PATHS = ["ref", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="triton not installed"))]
+PATHS = ["ref", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON,
+                                                                reason="triton not installed"))]
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -62,7 +63,8 @@ MUTATES = {  # as vLLM's _C schemas mark them (Tensor! result, Tensor! residual)
 ARGS = {
     "static_scaled_fp8_quant": ["result", "input", "scale"],
     "rms_norm_static_fp8_quant": ["result", "input", "weight", "scale", "epsilon"],
-    "fused_add_rms_norm_static_fp8_quant": ["result", "input", "residual", "weight", "scale", "epsilon"],
+    "fused_add_rms_norm_static_fp8_quant": ["result", "input", "residual", "weight",
+                                            "scale", "epsilon"],
     "silu_and_mul_quant": ["result", "input", "scale"],
 }
 
@@ -71,7 +73,8 @@ ARGS = {
 def test_schemas_are_vllms(name):
     schema = getattr(ops, name).default._schema
     assert [a.name for a in schema.arguments] == ARGS[name]
-    written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    written = [a.name for a in schema.arguments if a.alias_info is not None
+               and a.alias_info.is_write]
     assert written == MUTATES[name] and len(schema.returns) == 0
 
 
@@ -106,7 +109,8 @@ def test_static_quant_is_x_times_reciprocal_scale(path, dtype):
     got = quant(x, scale)
     want = (x.float().cpu() * (1 / scale.cpu())).clamp(-448, 448).to(FP8_DTYPE)
     assert torch.equal(codes(got), codes(want))
-    assert torch.equal(codes(got), codes(static_scaled_fp8_quant_native(x, scale)))  # the native form
+    # the native form
+    assert torch.equal(codes(got), codes(static_scaled_fp8_quant_native(x, scale)))
 
 
 def _fused_and_unfused(name, dtype):
@@ -145,7 +149,8 @@ def test_fused_op_equals_the_unfused_sequence_bit_for_bit(path, name, dtype):
     fused, unfused = _fused_and_unfused(name, dtype)
     for a, b in zip(fused, unfused):
         assert a.dtype == b.dtype
-        assert torch.equal(codes(a) if a.dtype == FP8_DTYPE else a.cpu(), codes(b) if b.dtype == FP8_DTYPE else b.cpu())
+        assert torch.equal(codes(a) if a.dtype == FP8_DTYPE else a.cpu(),
+                           codes(b) if b.dtype == FP8_DTYPE else b.cpu())
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
@@ -176,20 +181,26 @@ def test_bad_calls_are_refused_naming_the_argument_and_write_nothing(path):
         (lambda: ops.static_scaled_fp8_quant(torch.empty(4, 96), x, s),
          r"static_scaled_fp8_quant: `result` is torch.float32 but must be torch.float8_e4m3fn"),
         (lambda: ops.static_scaled_fp8_quant(out, x, torch.ones(2)),
-         r"`scale` has 2 elements \(shape \(2,\)\); static per-tensor quantization takes a 1-element"),
+         r"`scale` has 2 elements \(shape \(2,\)\); static per-tensor "
+         r"quantization takes a 1-element"),
         (lambda: ops.static_scaled_fp8_quant(out, x, torch.ones(1, dtype=torch.float64)),
          r"`scale` is torch.float64; it must be torch.float32"),
         (lambda: ops.static_scaled_fp8_quant(out, x.long(), s), r"`input` is torch.int64"),
         (lambda: ops.static_scaled_fp8_quant(torch.zeros(3, 96, dtype=FP8_DTYPE), x, s),
          r"`result` has shape \(3, 96\) but must be \(4, 96\)"),
-        (lambda: ops.rms_norm_static_fp8_quant(out, x, torch.ones(95), s, EPS), r"`weight` has shape \(95,\)"),
-        (lambda: ops.rms_norm_static_fp8_quant(out, x, w, torch.ones(()).expand(3), EPS), r"`scale` has 3"),
+        (lambda: ops.rms_norm_static_fp8_quant(out, x, torch.ones(95), s, EPS),
+         r"`weight` has shape \(95,\)"),
+        (lambda: ops.rms_norm_static_fp8_quant(out, x, w, torch.ones(()).expand(3), EPS),
+         r"`scale` has 3"),
         (lambda: ops.fused_add_rms_norm_static_fp8_quant(out, x, x.double(), w, s, EPS),
          r"`residual` is torch.float64"),
-        (lambda: ops.fused_add_rms_norm_static_fp8_quant(torch.empty(4, 96), x, x.clone(), w, s, EPS),
+        (lambda: ops.fused_add_rms_norm_static_fp8_quant(torch.empty(4, 96), x,
+                                                         x.clone(), w, s, EPS),
          r"`result` is torch.float32"),
-        (lambda: ops.silu_and_mul_quant(out, torch.randn(4, 191), s), r"last dimension must be even"),
-        (lambda: ops.silu_and_mul_quant(out, x, s), r"`result` has shape \(4, 96\) but must be \(4, 48\)"),
+        (lambda: ops.silu_and_mul_quant(out, torch.randn(4, 191), s),
+         r"last dimension must be even"),
+        (lambda: ops.silu_and_mul_quant(out, x, s), r"`result` has shape \(4, 96\) but must be "
+                                                    r"\(4, 48\)"),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -207,7 +218,8 @@ def _fp8_linear(w: torch.Tensor, widths, x_scale: float) -> Fp8Linear:
     with torch.no_grad():
         for i, width in enumerate(widths):
             s = w[start:start + width].abs().max() / 448
-            lin.weight[start:start + width] = static_scaled_fp8_quant_native(w[start:start + width], s)
+            lin.weight[start:start + width] = static_scaled_fp8_quant_native(w[start:start + width],
+                                                                             s)
             lin.weight_scale[i], lin.input_scale[i] = s, x_scale
             start += width
     lin.process_weights_after_loading()
@@ -219,8 +231,10 @@ def test_fp8_linear_is_quantize_then_scaled_matmul():
     w, x = torch.randn(48, 32) * 0.1, torch.randn(5, 32)
     lin = _fp8_linear(w, [48], x_scale=x.abs().max().item() / 448)
     xq = static_scaled_fp8_quant_native(x, lin.input_scale)
-    want = (xq.double() @ lin.weight.double().t()) * (lin.input_scale.double() * lin.weight_scale.double())
-    for use_scaled_mm in sorted({False, lin.use_scaled_mm}):  # the dequantizing path, and _scaled_mm where it runs
+    want = (xq.double() @ lin.weight.double().t()) * (lin.input_scale.double()
+                                                      * lin.weight_scale.double())
+    # the dequantizing path, and _scaled_mm where it runs
+    for use_scaled_mm in sorted({False, lin.use_scaled_mm}):
         lin.use_scaled_mm = use_scaled_mm
         torch.testing.assert_close(lin(x).double(), want, atol=1e-5, rtol=1e-5)
     # and it is close to the unquantized product: e4m3fn keeps 3 mantissa bits (~6% per value)
@@ -248,7 +262,8 @@ def test_stacked_shards_are_requantized_to_the_largest_scale():
 
 def test_to_dtype_keeps_fp8_weights_and_fp32_scales():
     lin = _fp8_linear(torch.randn(16, 32), [16], 0.01).to(torch.bfloat16)
-    assert lin.weight.dtype == FP8_DTYPE and lin.weight_scale.dtype == lin.input_scale.dtype == torch.float32
+    assert (lin.weight.dtype == FP8_DTYPE and lin.weight_scale.dtype == lin.input_scale.dtype
+            == torch.float32)
     assert lin(torch.randn(3, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
@@ -270,10 +285,12 @@ def test_the_checkpoint_loads_fp8_layers(fp8):
     assert Fp8Config.from_config(cfg["quantization_config"]).activation_scheme == "static"
     names = [n for n, m in fp8.model.named_modules() if isinstance(m, Fp8Linear)]
     assert len(names) == 4 * fp8.config.num_hidden_layers
-    assert {n.rsplit(".", 1)[-1] for n in names} == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+    assert {n.rsplit(".", 1)[-1] for n in names} == {"qkv_proj", "o_proj",
+                                                     "gate_up_proj", "down_proj"}
     for n, m in fp8.model.named_modules():
         if isinstance(m, Fp8Linear):
-            assert m.weight.dtype == FP8_DTYPE and m.weight_scale.shape == m.input_scale.shape == (1,)
+            assert (m.weight.dtype == FP8_DTYPE
+                    and m.weight_scale.shape == m.input_scale.shape == (1,))
     assert fp8.model.embed_tokens.weight.dtype == fp8.lm_head.weight.dtype == torch.float32
     tensors = load_file(FP8_DIR / "model.safetensors")
     assert tensors["model.layers.0.self_attn.q_proj.weight"].dtype == FP8_DTYPE
@@ -315,13 +332,15 @@ def _copy_checkpoint(tmp_path, drop=(), config_edit=None):
 
 def test_a_missing_input_scale_is_refused_naming_it(tmp_path):
     name = "model.layers.2.self_attn.k_proj.input_scale"
-    with pytest.raises(ValueError, match=rf"has no tensor '{name}'.*input_scale beside each quantized weight"):
+    with pytest.raises(ValueError, match=rf"has no tensor '{name}'.*input_scale "
+                                         r"beside each quantized weight"):
         load_model(_copy_checkpoint(tmp_path, drop=[name]))
 
 
 def test_fp8_weights_without_a_quantization_config_are_refused(tmp_path):
     path = _copy_checkpoint(tmp_path, config_edit=lambda c: c.pop("quantization_config"))
-    with pytest.raises(ValueError, match=r"unexpected \['model.layers.0.mlp.down_proj.input_scale'"):
+    with pytest.raises(ValueError, match=r"unexpected "
+                                         r"\['model.layers.0.mlp.down_proj.input_scale'"):
         load_model(path)
 
 
@@ -337,7 +356,8 @@ def test_an_unsupported_quantization_config_is_refused(tmp_path, edit, match):
 
 
 def test_shipped_folder_has_what_packaging_wants():
-    for f in ("config.json", "model.safetensors", "loss.png", "training_log.json", "quantization_log.json"):
+    for f in ("config.json", "model.safetensors", "loss.png", "training_log.json",
+              "quantization_log.json"):
         assert (FP8_DIR / f).is_file(), f
 
 
@@ -350,7 +370,8 @@ def test_the_script_reproduces_the_shipped_checkpoint_from_its_logged_calibratio
     from minivllm_compile.models.quant import SHARDS
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("quantize_fp8", root / "scripts" / "quantize_fp8.py")
+    spec = importlib.util.spec_from_file_location("quantize_fp8",
+                                                  root / "scripts" / "quantize_fp8.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     logged = json.loads((FP8_DIR / "quantization_log.json").read_text())["scales"]
@@ -361,15 +382,20 @@ def test_the_script_reproduces_the_shipped_checkpoint_from_its_logged_calibratio
         parent, hf_linear = layer.removeprefix("model.").rsplit(".", 1)
         ours = next((o for o, shards in SHARDS.items() if hf_linear in shards), hf_linear)
         assert absmax.setdefault(f"{parent}.{ours}", s["input_absmax"]) == s["input_absmax"]
-    made, scales = script.quantize(load_file(CHECKPOINTS / "tiny-llama" / "model.safetensors"), absmax)
+    made, scales = script.quantize(load_file(CHECKPOINTS / "tiny-llama" / "model.safetensors"),
+                                   absmax)
     assert scales == logged
     shipped = load_file(FP8_DIR / "model.safetensors")
     assert sorted(made) == sorted(shipped)
-    bits = lambda t: t.contiguous().reshape(-1).view(torch.uint8)
+
+    def bits(t):
+        return t.contiguous().reshape(-1).view(torch.uint8)
+
     for name, t in shipped.items():
         assert made[name].dtype == t.dtype and made[name].shape == t.shape, name
         assert torch.equal(bits(made[name]), bits(t)), name
-    assert sum(t.dtype == FP8_DTYPE for t in shipped.values()) == len(logged)  # every linear's weight
+    # every linear's weight
+    assert sum(t.dtype == FP8_DTYPE for t in shipped.values()) == len(logged)
 
 
 # --- under VLLM_COMPILE ---------------------------------------------------------------------
@@ -383,21 +409,26 @@ def no_cache(monkeypatch):
 @pytest.mark.parametrize("custom_ops", [["all"], ["none"]])
 def test_fp8_model_compiles_and_matches_eager(no_cache, fp8, custom_ops):
     # no FX graph cache, so the post-grad passes (and the manager's records) really run
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=32, custom_ops=custom_ops,
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=32,
+                           custom_ops=custom_ops,
                            inductor_compile_config={"fx_graph_cache": False})
     lm = load_model("tiny-llama-fp8", compilation_config=cc)
-    assert all(m.use_custom_op == (custom_ops == ["all"]) for m in lm.model.modules() if isinstance(m, Fp8Linear))
+    assert all(m.use_custom_op == (custom_ops == ["all"]) for m in lm.model.modules()
+               if isinstance(m, Fp8Linear))
     lm.warmup()
     for n in (3, 20):
         ids = torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n))
-        torch.testing.assert_close(lm(ids, torch.arange(n)), fp8(ids, torch.arange(n)), atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(lm(ids, torch.arange(n)), fp8(ids, torch.arange(n)),
+                                   atol=1e-3, rtol=1e-3)
     # what the fusion passes will see: the post-grad graphs of every piece, before any pass ran
     post_grad = "\n".join(src for stage, src in lm.model.backend.post_grad_pass_manager.records
                           if stage.endswith(".before"))
     dynamo_pieces = "\n".join(pb.graph.code for pb in lm.model.backend.piecewise_backends)
     if custom_ops == ["all"]:
-        # auto_functionalized(minivllm.static_scaled_fp8_quant.default, result=..., input=..., scale=...)
-        assert "auto_functionalized(torch.ops.minivllm.static_scaled_fp8_quant.default, result = " in post_grad
+        # auto_functionalized(minivllm.static_scaled_fp8_quant.default,
+        # result=..., input=..., scale=...)
+        assert ("auto_functionalized(torch.ops.minivllm.static_scaled_fp8_quant.default, result = "
+                in post_grad)
         assert "torch.ops.minivllm.static_scaled_fp8_quant" in dynamo_pieces
     else:  # the plain-torch form: a multiply by the reciprocal scale, a clamp, a cast to fp8
         assert "static_scaled_fp8_quant" not in post_grad

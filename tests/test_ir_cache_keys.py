@@ -27,7 +27,8 @@ from minivllm_compile.models import build_model
 
 def cc(mode):
     kernels = KernelConfig(IrOpPriorityConfig.with_default(spec["priority"]))
-    return CompilationConfig(mode=CompilationMode[mode], max_num_batched_tokens=16, kernel_config=kernels)
+    return CompilationConfig(mode=CompilationMode[mode], max_num_batched_tokens=16,
+                             kernel_config=kernels)
 
 ids, pos = torch.arange(7), torch.arange(7)
 out = build_model("llama", num_layers=1, compilation_config=cc("VLLM_COMPILE"))(ids, pos)
@@ -45,25 +46,29 @@ SCALE = 1.0
 
 
 @ir.ops.rms_norm.register_impl("mine")
-def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float,
+             variance_size: int | None = None) -> Tensor:
     return ir.ops.rms_norm.impls["native"].impl_fn(x, weight, epsilon, variance_size) * SCALE
 
 
 @ir.ops.fused_add_rms_norm.register_impl("mine")
 def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
                        variance_size: int | None = None) -> tuple[Tensor, Tensor]:
-    out, residual = ir.ops.fused_add_rms_norm.impls["native"].impl_fn(x, x_residual, weight, epsilon)
+    out, residual = ir.ops.fused_add_rms_norm.impls["native"].impl_fn(x, x_residual, weight,
+                                                                      epsilon)
     return out * SCALE, residual
 '''
 
 
 def run(tmp: Path, spec: dict) -> dict:
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp / "cache"), "VLLM_DISABLE_COMPILE_CACHE": "0",
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}  # Inductor's FX-graph cache must miss too
+           # Inductor's FX-graph cache must miss too
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return next(json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    return next(json.loads(line[7:]) for line in proc.stdout.splitlines()
+                if line.startswith("RESULT "))
 
 
 def loaded(result: dict) -> bool:
@@ -82,7 +87,8 @@ def test_a_changed_priority_compiles_afresh(tmp_path):
 def test_an_edited_provider_compiles_afresh_and_runs_the_new_body(tmp_path):
     """A provider of the user's own, outside this package (whose source is a factor already): with
     the edit, the next start must not load the kernels lowered from the old body. The edit changes
-    what the body computes, so an old artifact would show (diff from eager, which runs the new one)."""
+    what the body computes, so an old artifact would show (diff from eager,
+    which runs the new one)."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "my_norms.py").write_text(PROVIDER)
@@ -105,8 +111,10 @@ def test_the_priority_the_wrap_and_the_provider_sources_change_the_key():
 
     native, vllm_c, unwrapped = cc(), cc(["vllm_c"]), cc(ir_enable_torch_wrap=False)
     assert len({c.compute_hash() for c in (native, vllm_c, unwrapped)}) == 3
-    assert cache_keys.compile_factors(native)["passes"] != cache_keys.compile_factors(vllm_c)["passes"]
-    assert cache_keys.backend_cache_key(native, "cpu")[0] != cache_keys.backend_cache_key(vllm_c, "cpu")[0]
+    assert cache_keys.compile_factors(
+        native)["passes"] != cache_keys.compile_factors(vllm_c)["passes"]
+    assert cache_keys.backend_cache_key(native,
+                                        "cpu")[0] != cache_keys.backend_cache_key(vllm_c, "cpu")[0]
     before, before_cc = native.kernel_config.ir_op_priority.compute_hash(), native.compute_hash()
     # an implementation's uuid is what its provider contributes (edited above, for real)
     from minivllm_compile import ir

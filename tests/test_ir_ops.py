@@ -58,7 +58,8 @@ def test_every_supported_provider_matches_native(op, dtype, num_tokens, hidden_s
         inputs = _clone(args)
         got = _as_tuple(impl.func_impl_fn(*inputs))
         for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, **op.get_tolerance(dtype), msg=lambda m, p=provider: f"{p}: {m}")
+            torch.testing.assert_close(g, w, **op.get_tolerance(dtype), msg=lambda m,
+                                       p=provider: f"{p}: {m}")
         # the functional form never writes its inputs, in-place provider or not
         for a, b in zip(inputs, args):
             if isinstance(a, torch.Tensor):
@@ -123,13 +124,16 @@ def test_the_config_scopes_every_op_and_the_torch_wrap_routes_the_call(monkeypat
 
 def test_schema_and_names_as_vllm_declares_them():
     assert str(ir.ops.rms_norm.torch_op._schema) == (
-        "minivllm_ir::rms_norm(Tensor x, Tensor? weight, float epsilon, SymInt? variance_size=None) -> Tensor")
+        "minivllm_ir::rms_norm(Tensor x, Tensor? weight, float epsilon, SymInt? "
+        "variance_size=None) -> Tensor")
     inplace = str(ir.ops.fused_add_rms_norm.maybe_inplace.torch_op._schema)
-    assert inplace.startswith("minivllm_ir::fused_add_rms_norm.maybe_inplace(Tensor(a0!) x, Tensor(a1!) x_residual")
+    assert inplace.startswith("minivllm_ir::fused_add_rms_norm.maybe_inplace(Tensor(a0!) "
+                              "x, Tensor(a1!) x_residual")
     assert ir.ops.fused_add_rms_norm.activations == ["x", "x_residual"]
     assert not hasattr(ir.ops.rms_norm, "maybe_inplace")
     assert ir.RESERVED_PROVIDERS == ["native", "unfused"]
-    assert str(ir.ops.rms_norm) == "IrOp('rms_norm') - Weighted root-mean-square layer normalization."
+    assert (str(ir.ops.rms_norm) == "IrOp('rms_norm') - Weighted "
+                                    "root-mean-square layer normalization.")
     assert ir.ops.rms_norm.get_tolerance(torch.float16) == {"atol": 1e-2, "rtol": 2e-3}
     assert ir.ops.rms_norm.get_tolerance(torch.bfloat16) == {"atol": 1e-3, "rtol": 1.6e-2}
 
@@ -142,16 +146,18 @@ def test_platform_defaults_go_behind_the_users_list():
     cc = CompilationConfig(mode=CompilationMode.NONE)
     assert cc.kernel_config.ir_op_priority == IrOpPriorityConfig(["native"], ["native"])  # this CPU
     assert cc.ir_enable_torch_wrap is False
-    user = KernelConfig(IrOpPriorityConfig(rms_norm="vllm_c", fused_add_rms_norm=["triton", "native"]
-                                           if "triton" in ir.ops.fused_add_rms_norm.supported_providers()
-                                           else ["native"]))
+    user = KernelConfig(IrOpPriorityConfig(
+        rms_norm="vllm_c",
+        fused_add_rms_norm=["triton", "native"]
+        if "triton" in ir.ops.fused_add_rms_norm.supported_providers() else ["native"]))
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, kernel_config=user)
     assert cc.kernel_config.ir_op_priority.rms_norm == ["vllm_c", "native"]
     assert cc.kernel_config.ir_op_priority.fused_add_rms_norm[-1] == "native"
     assert cc.ir_enable_torch_wrap is True
     again = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, kernel_config=cc.kernel_config)
     assert again.kernel_config.ir_op_priority.rms_norm == ["vllm_c", "native"]  # appended once
-    assert CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager").ir_enable_torch_wrap is False
+    assert CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
+                             backend="eager").ir_enable_torch_wrap is False
     assert CompilationConfig(kernel_config={"ir_op_priority": {"rms_norm": ["vllm_c"]}}
                              ).kernel_config.ir_op_priority.rms_norm == ["vllm_c", "native"]
 
@@ -190,12 +196,14 @@ def test_a_reserved_malformed_or_taken_provider_name_is_refused():
 def test_a_priority_naming_an_unknown_or_unsupported_provider_is_refused(monkeypatch):
     from minivllm_compile import CompilationConfig
 
-    with pytest.raises(ValueError, match=r"op rms_norm names 'tritn', which is not a provider of it "
-                                         r"\(registered: \['native', 'triton', 'vllm_c'\]\): fix the name"):
+    with pytest.raises(ValueError, match=r"op rms_norm names 'tritn', which is not a provider "
+                                         r"of it \(registered: \['native', 'triton', "
+                                         r"'vllm_c'\]\): fix the name"):
         CompilationConfig(kernel_config=KernelConfig(IrOpPriorityConfig(rms_norm=["tritn"])))
-    monkeypatch.setattr(ir.ops.rms_norm.impls["triton"], "supported", False)  # as on a CPU, no interpreter
-    with pytest.raises(ValueError, match=r"op rms_norm names 'triton', which is not supported on this "
-                                         r"machine .*remove it from the priority"):
+    # as on a CPU, no interpreter
+    monkeypatch.setattr(ir.ops.rms_norm.impls["triton"], "supported", False)
+    with pytest.raises(ValueError, match=r"op rms_norm names 'triton', which is not supported on "
+                                         r"this machine .*remove it from the priority"):
         CompilationConfig(kernel_config=KernelConfig(IrOpPriorityConfig(rms_norm="triton,native")))
     with pytest.raises(ValueError, match="fused_add_rms_norm must be a list of provider names"):
         IrOpPriorityConfig(fused_add_rms_norm=[1])
@@ -215,15 +223,19 @@ def test_an_implementation_whose_schema_differs_is_refused():
     def unannotated(x, weight, epsilon, variance_size=None): ...
 
     for fn in (other_names, no_default):
-        with pytest.raises(ValueError, match=r"Implementation 'mine' of op rms_norm has schema .* does not "
-                                             r"match the native schema .*same parameter names, types and defaults"):
+        with pytest.raises(ValueError, match=r"Implementation 'mine' of op rms_norm has schema .* "
+                                             r"does not match the native schema .*same parameter "
+                                             r"names, types and defaults"):
             op.register_impl("mine")(fn)
-    with pytest.raises(ValueError, match=r"Implementation 'mine' of op rms_norm: its schema cannot be inferred "
-                                         r".*Annotate it exactly as the native function: \(x: 'Tensor'"):
+    with pytest.raises(ValueError, match=r"Implementation 'mine' of op rms_norm: its schema "
+                                         r"cannot be inferred .*Annotate it exactly as the "
+                                         r"native function: \(x: 'Tensor'"):
         op.register_impl("mine")(unannotated)
-    with pytest.raises(ValueError, match=r"supports_args of provider 'mine' for op rms_norm has 2 parameters"):
+    with pytest.raises(ValueError, match=r"supports_args of provider 'mine' for op "
+                                         r"rms_norm has 2 parameters"):
         op.register_impl("mine", supports_args=lambda x, weight: True)(op.impls["vllm_c"].impl_fn)
-    with pytest.raises(ValueError, match="inplace=True, but op rms_norm was not registered with allow_inplace"):
+    with pytest.raises(ValueError, match="inplace=True, but op rms_norm was not "
+                                         "registered with allow_inplace"):
         op.register_impl("mine", inplace=True)(op.impls["vllm_c"].impl_fn)
     assert "mine" not in op.impls
 
@@ -239,9 +251,10 @@ def test_a_maybe_inplace_activation_read_after_the_call_is_refused():
     call = g.call_function(ir.ops.fused_add_rms_norm.maybe_inplace.torch_op, (x, r, w, 1e-6))
     g.call_function(torch.ops.aten.add.Tensor, (x, 1))  # x read again: it was donated
     g.output(call)
-    with pytest.raises(ValueError, match=r"fused_add_rms_norm\.maybe_inplace \(node \w+\) is passed x as its "
-                                         r"activation 'x', and \['add_tensor'\] read x after the call.*Call the default "
-                                         r"overload \(ir\.ops\.fused_add_rms_norm\(\.\.\.\)\)"):
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm\.maybe_inplace \(node \w+\) is "
+                                         r"passed x as its activation 'x', and \['add_tensor'\] "
+                                         r"read x after the call.*Call the default overload "
+                                         r"\(ir\.ops\.fused_add_rms_norm\(\.\.\.\)\)"):
         VllmIRInplaceFunctionalizationPass()(g)
 
 

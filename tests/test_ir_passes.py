@@ -79,7 +79,8 @@ def test_tiny_llama_under_every_priority_keeps_its_logits(monkeypatch):
     for priority in priorities:
         lm = load_model("tiny-llama", compilation_config=_cc(priority, "native"))
         got = lm(*_ids(lm))
-        torch.testing.assert_close(got, before, **COMPILED_TOL, msg=lambda m, p=priority: f"{p}: {m}")
+        torch.testing.assert_close(got, before, **COMPILED_TOL, msg=lambda m,
+                                   p=priority: f"{p}: {m}")
         lowering = lm.model.backend.post_grad_pass_manager.ir_lowering
         # every norm of every compiled piece went to the priority's provider
         assert {p for (_, p) in lowering.lowered} == {priority}, lowering.lowered
@@ -99,9 +100,12 @@ def test_eager_dispatch_follows_the_models_priority(monkeypatch):
     calls = []
     for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
         impl = op.impls["vllm_c"]
-        monkeypatch.setattr(impl, "impl_fn", lambda *a, _f=impl.impl_fn, _n=op.name: calls.append(_n) or _f(*a))
-    default = build_model("llama", num_layers=2, compilation_config=CompilationConfig(mode=CompilationMode.NONE))
-    assert default.model.compilation_config.kernel_config.ir_op_priority.rms_norm == ["native"]  # a CPU
+        monkeypatch.setattr(impl, "impl_fn", lambda *a, _f=impl.impl_fn,
+                            _n=op.name: calls.append(_n) or _f(*a))
+    default = build_model("llama", num_layers=2,
+                          compilation_config=CompilationConfig(mode=CompilationMode.NONE))
+    # a CPU
+    assert default.model.compilation_config.kernel_config.ir_op_priority.rms_norm == ["native"]
     default(*_ids(default))
     assert calls == []
     cc = CompilationConfig(mode=CompilationMode.NONE, kernel_config=_kernels("vllm_c", "native"))
@@ -123,11 +127,15 @@ def test_under_dynamo_the_ir_op_is_one_node_and_without_the_wrap_the_provider_is
                                                                        ir_enable_torch_wrap=True))
     wrapped(*_ids(wrapped))
     graph = wrapped.model.backend.graphs[0]
-    assert _ir_targets(graph) == ["minivllm_ir.rms_norm.default"] + ["minivllm_ir.fused_add_rms_norm.maybe_inplace"] * 4
+    assert _ir_targets(graph) == ["minivllm_ir.rms_norm.default"] + [
+        "minivllm_ir.fused_add_rms_norm.maybe_inplace"] * 4
     assert "torch.ops.minivllm.fused_add_rms_norm" not in graph.code
-    for priority, marker in (("native", "torch.rsqrt"), ("vllm_c", "torch.ops.minivllm.fused_add_rms_norm")):
-        lm = build_model("llama", num_layers=2, compilation_config=_cc(priority, "native", backend="eager"))
-        assert lm.model.compilation_config.ir_enable_torch_wrap is False  # vLLM's default without Inductor
+    for priority, marker in (("native", "torch.rsqrt"),
+                             ("vllm_c", "torch.ops.minivllm.fused_add_rms_norm")):
+        lm = build_model("llama", num_layers=2, compilation_config=_cc(priority, "native",
+                                                                       backend="eager"))
+        # vLLM's default without Inductor
+        assert lm.model.compilation_config.ir_enable_torch_wrap is False
         lm(*_ids(lm))
         code = lm.model.backend.graphs[0].code
         assert _ir_targets(lm.model.backend.graphs[0]) == [] and marker in code, priority
@@ -148,8 +156,8 @@ def _piece(h, residual, w1, w2, donate: bool):
 
 def _args():
     g = torch.Generator().manual_seed(0)
-    return torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g), torch.rand(8, generator=g) + 0.5, \
-        torch.rand(8, generator=g) + 0.5
+    return torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g), \
+        torch.rand(8, generator=g) + 0.5, torch.rand(8, generator=g) + 0.5
 
 
 @pytest.mark.parametrize("donate", [False, True])
@@ -160,14 +168,20 @@ def test_clone_elimination_frees_a_donated_input_and_keeps_the_callers(donate):
     pre = VllmIRInplaceFunctionalizationPass()
     pre(gm.graph)  # maybe_inplace -> the default overload; records the donated placeholder
     assert pre.functionalized_ops == ({"fused_add_rms_norm": 2} if donate else {})
-    lowering = VllmIRLoweringPass(ir_op_priority=IrOpPriorityConfig.with_default(["vllm_c", "native"]))
+    lowering = VllmIRLoweringPass(
+        ir_op_priority=IrOpPriorityConfig.with_default(["vllm_c", "native"]))
     lowering(gm.graph)
-    clones = lambda: sum(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)
-    assert lowering.summary() == "fused_add_rms_norm=vllm_c*2" and clones() == 4  # x and residual, per call
+
+    def clones():
+        return sum(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)
+
+    # x and residual, per call
+    assert lowering.summary() == "fused_add_rms_norm=vllm_c*2" and clones() == 4
     elim = UnsafeCloneEliminationPass()
     elim(gm.graph)
     gm.recompile()
-    # the copies of values computed in the graph always go; the caller's residual's only when donated
+    # the copies of values computed in the graph always go; the caller's
+    # residual's only when donated
     assert (elim.removed, clones()) == ((4, 0) if donate else (3, 1))
     inputs = [a.clone() for a in args]
     for got, w in zip(gm(*inputs), want):
@@ -186,11 +200,13 @@ def test_the_lowering_logs_its_choices_and_warns_about_what_it_left(caplog):
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="minivllm_compile.passes.ir.lowering_pass"):
         lowering(gm.graph)
-    assert "lowered 2 vLLM IR nodes; selected implementations: fused_add_rms_norm=native*2" in caplog.text
+    assert ("lowered 2 vLLM IR nodes; selected implementations: "
+            "fused_add_rms_norm=native*2" in caplog.text)
     assert "Failed" not in caplog.text and not lowering.unlowered
 
 
-# --- in the compiler: order, the in-place provider, the uuids --------------------------------------
+# --- in the compiler: order, the in-place provider, the uuids
+# --------------------------------------
 
 def test_the_pass_order_is_vllms_and_the_backend_installs_the_pre_grad_pass():
     cc = _cc("native", pass_config=PassConfig(fuse_norm_quant=True, fuse_act_quant=True,
@@ -206,9 +222,11 @@ def test_the_pass_order_is_vllms_and_the_backend_installs_the_pre_grad_pass():
     assert "pre_grad_custom_pass" in config.get("_cache_config_ignore_prefix",
                                                 torch._inductor.config._cache_config_ignore_prefix)
     # raised by the backend, which Dynamo reports as BackendCompilerFailed around the ValueError
-    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="pre_grad_custom_pass'\\] is the backend's"):
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
+                       match="pre_grad_custom_pass'\\] is the backend's"):
         bad = build_model("llama", num_layers=1, compilation_config=_cc(
-            "native", inductor_compile_config={"pre_grad_custom_pass": VllmIRInplaceFunctionalizationPass()}))
+            "native", inductor_compile_config={
+                "pre_grad_custom_pass": VllmIRInplaceFunctionalizationPass()}))
         bad(*_ids(bad))
 
 
@@ -218,10 +236,12 @@ def _fix_norms(lm, stage: str = "before") -> dict[str, int]:
 
     return dict(Counter(op for s, src in lm.model.backend.post_grad_pass_manager.records
                         if s.endswith(f"FixFunctionalizationPass.{stage}")
-                        for op in re.findall(r"auto_functionalized\(torch\.ops\.minivllm\.(\w*rms_norm)\.default", src)))
+                        for op in re.findall(r"auto_functionalized\(torch\.ops\.minivllm\."
+                                             r"(\w*rms_norm)\.default", src)))
 
 
-def test_an_in_place_provider_is_lowered_in_place_and_the_seeds_path_still_needs_fix_functionalization():
+# the name alone is 103 columns; renaming the test would change its id
+def test_an_in_place_provider_is_lowered_in_place_and_the_seeds_path_still_needs_fix_functionalization():  # noqa: E501
     """vllm_c with the wrap on (vLLM 0.33): the lowering inserts the in-place calls itself, on
     copies the clone elimination then removes, so FixFunctionalization has no norm left to fix.
     With the wrap off (the seed's path) AOTAutograd wraps the custom ops in auto_functionalized and
@@ -233,16 +253,19 @@ def test_an_in_place_provider_is_lowered_in_place_and_the_seeds_path_still_needs
     assert manager.clone_elimination.removed > 0 and _fix_norms(lm) == {}
     assert re.search(r"torch\.ops\.minivllm\.fused_add_rms_norm\.default\(", code)
     assert not re.search(r"\.copy_\(|aten\.clone|\bclone\(", code)  # nothing copied for the norms
-    seed = build_model("llama", num_layers=1, compilation_config=_cc("vllm_c", "native", ir_enable_torch_wrap=False))
+    seed = build_model("llama", num_layers=1, compilation_config=_cc("vllm_c", "native",
+                                                                     ir_enable_torch_wrap=False))
     seed(*_ids(seed))
-    assert _fix_norms(seed) == {"fused_add_rms_norm": 2, "rms_norm": 1} and _fix_norms(seed, "after") == {}
+    assert _fix_norms(seed) == {"fused_add_rms_norm": 2,
+                                "rms_norm": 1} and _fix_norms(seed, "after") == {}
     assert seed.model.backend.post_grad_pass_manager.ir_lowering.lowered == {}
     torch.testing.assert_close(lm(*_ids(lm)), seed(*_ids(seed)))
 
 
 def test_each_ir_pass_uuid_covers_what_changes_its_output():
     def lowering(*priority):
-        return VllmIRLoweringPass(ir_op_priority=IrOpPriorityConfig.with_default(list(priority))).uuid()
+        return VllmIRLoweringPass(
+            ir_op_priority=IrOpPriorityConfig.with_default(list(priority))).uuid()
 
     assert lowering("native") == lowering("native") != lowering("vllm_c", "native")
     impl = ir.ops.rms_norm.impls["native"]
@@ -254,6 +277,8 @@ def test_each_ir_pass_uuid_covers_what_changes_its_output():
         impl._uuid = old
     assert edited != lowering("native")
     for cls in (VllmIRInplaceFunctionalizationPass, UnsafeCloneEliminationPass):
-        assert cls().uuid() == InductorPass.hash_source(cls)  # their output depends on their code only
+        # their output depends on their code only
+        assert cls().uuid() == InductorPass.hash_source(cls)
     # the manager's uuid (Inductor's FX-graph key) moves with the priority
-    assert make_pass_manager(_cc("native")).uuid() != make_pass_manager(_cc("vllm_c", "native")).uuid()
+    assert make_pass_manager(_cc("native")).uuid() != make_pass_manager(
+        _cc("vllm_c", "native")).uuid()

@@ -5,6 +5,7 @@ share no code with them."""
 import pytest
 import torch
 import torch.nn.functional as F
+
 from minivllm_compile.kernels._compat import HAS_TRITON
 from minivllm_compile.kernels.causal_conv1d import (
     PAD_SLOT_ID,

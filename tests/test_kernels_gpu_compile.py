@@ -16,10 +16,12 @@ from minivllm_compile.kernels._compat import HAS_TRITON
 def test_every_kernel_variant_compiles_for_sm90():
     # a fresh process: the kernels must be decorated with the interpreter off
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.kernels.gpu_compile", "--arch", "90"],
+    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.kernels.gpu_compile",
+                           "--arch", "90"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    done, total = map(int, re.search(r"(\d+) of (\d+) kernel variants compiled for sm_90", proc.stdout).groups())
+    done, total = map(int, re.search(r"(\d+) of (\d+) kernel variants compiled for sm_90",
+                                     proc.stdout).groups())
     # every kernel, fp32 and bf16, and the decode kernel's spec-decoding and varlen branches
     assert done == total == 18
     for name in ("_rms_norm_kernel", "_fused_add_rms_norm_kernel", "_rotary_embedding_kernel",

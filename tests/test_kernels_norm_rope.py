@@ -2,8 +2,9 @@
 
 The Triton kernels run on the CPU through Triton's interpreter (conftest.py sets
 TRITON_INTERPRET=1 before anything imports them), or compiled on a GPU where there is one and
-TRITON_INTERPRET=0 (scripts/gpu_check.sh): every test makes its tensors on conftest.kernel_device. The references are themselves checked against
-formulas written out here, so a wrong reference cannot make a wrong kernel pass.
+TRITON_INTERPRET=0 (scripts/gpu_check.sh): every test makes its tensors on conftest.kernel_device.
+The references are themselves checked against formulas written out here, so a wrong reference cannot
+make a wrong kernel pass.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def test_cos_sin_cache_matches_formula():
 
 
 def _rope_formula(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, is_neox: bool):
-    """x: [T, H, D] fp32. NeoX as Hugging Face writes it (rotate_half); GPT-J as complex products."""
+    """x: [T, H, D] fp32. NeoX as Hugging Face writes it (rotate_half);
+    GPT-J as complex products."""
     theta = _angles(positions, rotary_dim)[:, None, :]  # [T, 1, R]
     rot, rest = x[..., :rotary_dim].double(), x[..., rotary_dim:]
     if is_neox:

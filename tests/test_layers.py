@@ -24,14 +24,16 @@ def imported(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("minivllm_compile"):
+        if isinstance(
+            node, ast.ImportFrom) and node.module and node.module.startswith("minivllm_compile"):
             parts = node.module.split(".")
             if len(parts) > 1:
                 found.add(parts[1])
             else:
                 found |= {a.name for a in node.names}
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("minivllm_compile.")}
+            found |= {a.name.split(".")[1] for a in node.names
+                      if a.name.startswith("minivllm_compile.")}
     return found
 
 
@@ -51,6 +53,7 @@ def test_the_compiler_imports_downwards_only():
 
 def test_the_checker_sees_a_lazy_import(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from minivllm_compile.backends import X\n"
-                 "def g():\n    from minivllm_compile import caching\n    import minivllm_compile.aot\n")
+    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from "
+                 "minivllm_compile.backends import X\ndef g():\n    from minivllm_compile import "
+                 "caching\n    import minivllm_compile.aot\n")
     assert imported(f) == {"caching", "aot"}

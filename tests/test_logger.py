@@ -1,5 +1,5 @@
-"""The package's log lines (logger.py): configured once, INFO to stdout and warnings to stderr, and a
-progress line per piece and range Inductor compiles."""
+"""The package's log lines (logger.py): configured once, INFO to stdout and warnings to stderr, and
+a progress line per piece and range Inductor compiles."""
 
 import logging
 
@@ -31,13 +31,15 @@ def test_a_bad_logging_level_names_the_variable(monkeypatch):
 
 
 def test_a_line_per_piece_and_range_inductor_compiles(caplog):
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[4], max_num_batched_tokens=8)
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[4],
+                           max_num_batched_tokens=8)
     lm = build_model("llama", num_layers=1, compilation_config=cc)
     with caplog.at_level(logging.INFO, logger="minivllm_compile"):
         lm(torch.arange(5), torch.arange(5))
     lines = [r.getMessage() for r in caplog.records if "Compiled piece" in r.getMessage()]
     # 1 layer: 2 compiled pieces (around the attention) x 2 entries (size 4, range [1, 8])
     assert len(lines) == 4, lines
-    assert any(line.startswith("[backbone] Compiled piece 1 for compile range Range(4, 4) with inductor") for line in lines)
+    assert any(line.startswith("[backbone] Compiled piece 1 for compile range "
+                               "Range(4, 4) with inductor") for line in lines)
     assert all(line.endswith(" s") for line in lines)
 

@@ -82,7 +82,8 @@ def test_an_out_of_vocabulary_id_raises_in_a_compiled_model_instead_of_aborting(
     # stride assertion, or in a matmul's dtype check, blaming neither the model nor the change)
     changed = [line for line in out.splitlines() if line.startswith("CHANGED:")]
     assert len(changed) == 2, out
-    for line, what in zip(changed, ("torch.float32, now torch.float16", "strides (96, 1), now (1, 96)")):
+    for line, what in zip(changed, ("torch.float32, now torch.float16",
+                                    "strides (96, 1), now (1, 96)")):
         assert "LlamaModel changed after it was compiled" in line and what in line, line
         assert "layers.0.self_attn.o_proj.weight" in line, line
     assert "SAME AFTER: True" in out, out

@@ -21,7 +21,8 @@ def headings(notebook: Path) -> set[str]:
 
 
 def test_anchor_matches_githubs_rule():
-    assert anchor("7. The `compile_fx` adaptor: Inductor's own cache") == "7-the-compile_fx-adaptor-inductors-own-cache"
+    assert anchor("7. The `compile_fx` adaptor: Inductor's own "
+                  "cache") == "7-the-compile_fx-adaptor-inductors-own-cache"
     assert anchor("1. Why: in-place ops (§1 背景)") == "1-why-in-place-ops-1-背景"
 
 

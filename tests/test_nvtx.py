@@ -1,4 +1,5 @@
-"""Layerwise profiler ranges (seed §12): per layer when eager, per piece and splitting op when compiled."""
+"""Layerwise profiler ranges (seed §12): per layer when eager, per piece and
+splitting op when compiled."""
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -40,7 +41,8 @@ def test_a_model_loaded_from_the_cache_keeps_its_ranges(tmp_path, monkeypatch):
     first = _ranges(build_model("llama", num_layers=1, compilation_config=cc()))
     with compilation_counter.expect(num_aot_artifacts_loaded=1, num_inductor_compiles=0):
         loaded = _ranges(build_model("llama", num_layers=1, compilation_config=cc()))
-    assert first == loaded == ["piece 0 (compiled)", "model.layers.0.self_attn.attn", "piece 1 (compiled)"]
+    assert first == loaded == ["piece 0 (compiled)", "model.layers.0.self_attn.attn",
+                               "piece 1 (compiled)"]
 
 
 def test_profiler_sees_tells_which_custom_op_calls_a_profile_shows():
@@ -56,7 +58,8 @@ def test_profiler_sees_tells_which_custom_op_calls_a_profile_shows():
     def seen(x: torch.Tensor) -> torch.Tensor:
         return x + 1
 
-    python_dispatched = getattr(torch.ops.minivllm_test.seen.default, "_pyobj_dispatcher", None) is not None
+    python_dispatched = getattr(torch.ops.minivllm_test.seen.default, "_pyobj_dispatcher",
+                                None) is not None
     assert profiler_sees(torch.ops.minivllm_test.seen.default, x) is not python_dispatched
 
 

@@ -25,7 +25,8 @@ MUTATES = {
 @pytest.mark.parametrize("name", sorted(MUTATES))
 def test_schema_declares_in_place_arguments(name):
     schema = getattr(ops, name).default._schema
-    mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    mutated = {a.name for a in schema.arguments if a.alias_info is not None
+               and a.alias_info.is_write}
     assert mutated == MUTATES[name]
     assert len(schema.returns) == 0  # like vLLM's in-place ops: results live in the mutated inputs
 
@@ -44,14 +45,16 @@ def test_errors_name_the_argument():
         ops.rotary_embedding(torch.arange(3), torch.randn(4, 64), torch.randn(4, 32), 32,
                              torch.randn(16, 32), True)
     with pytest.raises(ValueError, match="`qkv` has shape"):
-        ops.fused_qk_norm_rope(torch.randn(4, 100), 2, 1, 1, 32, 1e-6, torch.ones(32), torch.ones(32),
+        ops.fused_qk_norm_rope(torch.randn(4, 100), 2, 1, 1, 32, 1e-6, torch.ones(32),
+                               torch.ones(32),
                                torch.randn(16, 32), True, torch.arange(4))
 
 
 def test_mixer_op_outside_a_forward_context_says_how_to_fix():
     q = torch.randn(2, 8)
     with pytest.raises(RuntimeError, match="set_forward_context"):
-        ops.unified_attention_with_output(q, q, q, torch.empty_like(q), "model.layers.0.self_attn.attn")
+        ops.unified_attention_with_output(q, q, q, torch.empty_like(q),
+                                          "model.layers.0.self_attn.attn")
 
 
 def naive_attention(q, k, v, scale):
@@ -89,7 +92,8 @@ def test_attention_op_varlen_prefill_then_decode_matches_naive():
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     for extra in (1, 2):  # two decode steps: one new token each, attending to the whole cache
         seq_lens = [n + extra for n in lens]
-        out = step([1, 1, 1], seq_lens, [[x[s - 1 : s] for x, s in zip(t, seq_lens)] for t in (qs, ks, vs)])
+        out = step([1, 1, 1], seq_lens, [[x[s - 1 : s] for x, s in zip(t, seq_lens)]
+                                         for t in (qs, ks, vs)])
         want = torch.stack([naive_attention(q[:s], k[:s], v[:s], layer.scale)[-1]
                             for q, k, v, s in zip(qs, ks, vs, seq_lens)])
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
@@ -113,7 +117,8 @@ def test_short_conv_op_matches_a_plain_conv1d():
     torch.testing.assert_close(layer.conv_state[0], (b * x)[-(width - 1):].T)
 
 
-# --- registration: vLLM's direct_register_custom_op, no autograd kernel of our own -----------------
+# --- registration: vLLM's direct_register_custom_op, no autograd kernel of
+# our own -----------------
 
 @pytest.mark.parametrize("kind", ["llama", "hybrid"])
 def test_eager_decoder_runs_with_grad_enabled(kind):
@@ -128,7 +133,8 @@ def test_eager_decoder_runs_with_grad_enabled(kind):
     ids, pos = torch.arange(1, 7), torch.arange(6)
 
     def forward():
-        md = lm.metadata([6], [6], [0], lm.allocate_caches([6]))  # fresh caches: the same prefill twice
+        # fresh caches: the same prefill twice
+        md = lm.metadata([6], [6], [0], lm.allocate_caches([6]))
         with set_forward_context(md, model.static_forward_context):
             return model(ids, pos)
 
@@ -136,7 +142,8 @@ def test_eager_decoder_runs_with_grad_enabled(kind):
         with_grad = forward()
     with torch.inference_mode():
         inference = forward()
-    assert with_grad.requires_grad  # autograd did run: it recorded the torch ops around the custom ops
+    # autograd did run: it recorded the torch ops around the custom ops
+    assert with_grad.requires_grad
     assert torch.equal(with_grad, inference)
 
 
@@ -145,7 +152,8 @@ def test_rotary_embedding_in_place_on_split_views_that_require_grad():
     cache = torch.randn(16, rot)
     positions = torch.tensor([3, 0, 7, 1, 15])
     base = torch.randn(5, 4 * head_size)
-    qkv = base.clone().requires_grad_(True).clone()  # a non-leaf requiring grad, as a linear's output
+    # a non-leaf requiring grad, as a linear's output
+    qkv = base.clone().requires_grad_(True).clone()
     q, k, _ = qkv.split([2 * head_size, head_size, head_size], dim=-1)
     ops.rotary_embedding(positions, q, k, head_size, cache, True)
     # used again by autograd, as attention uses them next: with custom_op's autograd wrapper this
@@ -166,7 +174,8 @@ def test_registered_without_an_autograd_kernel(name):
     # Autograd or ADInplaceOrView keys (the dispatcher's fallbacks run there, as for vLLM's _C ops)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     qualname = f"minivllm::{name}"
-    assert has(qualname, "CPU") and has(qualname, "CUDA") and has(qualname, "Meta")  # Meta: the fake
+    # Meta: the fake
+    assert has(qualname, "CPU") and has(qualname, "CUDA") and has(qualname, "Meta")
     assert not has(qualname, "Autograd") and not has(qualname, "ADInplaceOrView")
 
 
@@ -178,4 +187,5 @@ def test_custom_op_would_have_registered_an_autograd_kernel():
         x.mul_(2)
 
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    assert has("minivllm_test::scale_", "Autograd") and has("minivllm_test::scale_", "ADInplaceOrView")
+    assert has("minivllm_test::scale_", "Autograd") and has("minivllm_test::scale_",
+                                                            "ADInplaceOrView")

@@ -1,4 +1,5 @@
-"""The install story: environment.yml names what pyproject names; kernels/ ships inside the package."""
+"""The install story: environment.yml names what pyproject names; kernels/
+ships inside the package."""
 
 import re
 import tomllib
@@ -21,7 +22,8 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = {_name(r) for r in pip_section if not r.startswith("-e")}
-    assert listed == wanted, f"only in pyproject: {wanted - listed}; only in environment.yml: {listed - wanted}"
+    assert listed == wanted, (f"only in pyproject: {wanted - listed}; only in "
+                              f"environment.yml: {listed - wanted}")
     conda = {_name(d) for d in env["dependencies"] if isinstance(d, str)}
     assert {"python", "pip", "graphviz"} <= conda
 
@@ -34,7 +36,8 @@ def test_kernels_ship_inside_the_package_not_as_a_top_level_module():
 
     assert Path(layernorm.__file__).parent.name == "kernels"
     # every subpackage on disk is listed, or a non-editable install would lack it
-    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minivllm_compile").rglob("__init__.py")}
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts)
+               for p in (ROOT / "minivllm_compile").rglob("__init__.py")}
     assert on_disk | {"minivllm_compile.kernels"} == set(project["packages"])
 
 

@@ -100,7 +100,8 @@ def _compile_aot(lm, inputs, graph_passes, v2: bool = False):
 
     torch._dynamo.reset()
     with torch._inductor.config.patch(enable_auto_functionalized_v2=v2):
-        compiled = torch.compile(lm.model, fullgraph=True, backend=aot_autograd(fw_compiler=fw_compiler))
+        compiled = torch.compile(lm.model, fullgraph=True,
+                                 backend=aot_autograd(fw_compiler=fw_compiler))
         out = _run(lm, compiled, *inputs)
     torch._dynamo.reset()
     (graph,) = graphs
@@ -117,7 +118,8 @@ def _direct_calls(graph: fx.Graph) -> dict[str, int]:
 
 
 def _functionalized(graph: fx.Graph, hop=auto_functionalized) -> list[str]:
-    return sorted(n.args[0].name() for n in graph.nodes if n.op == "call_function" and n.target is hop)
+    return sorted(n.args[0].name() for n in graph.nodes if n.op == "call_function"
+                  and n.target is hop)
 
 
 # --- Inductor: the real post-grad graph and the code generated from it ----------------------
@@ -132,7 +134,8 @@ def inductor_runs(lm, inputs):
         torch._dynamo.reset()
         # installed as the backend installs it; no FX-graph cache so the passes really run
         with torch._inductor.config.patch(post_grad_custom_post_pass=mgr,
-                                          enable_auto_functionalized_v2=False, fx_graph_cache=False):
+                                          enable_auto_functionalized_v2=False,
+                                          fx_graph_cache=False):
             compiled = torch.compile(lm.model, backend="inductor", fullgraph=True)
             out, codes = run_and_get_code(_run, lm, compiled, *inputs)
         runs[fix] = (out, "\n".join(codes), mgr)
@@ -153,11 +156,13 @@ def test_post_grad_graph_calls_our_ops_directly(inductor_runs):
     for op in OURS:
         assert f"auto_functionalized(torch.ops.minivllm.{op}.default" in before, op
         assert f"auto_functionalized(torch.ops.minivllm.{op}.default" not in after, op
-        assert len(re.findall(rf"= torch\.ops\.minivllm\.{op}\.default\(", after)) == EXPECTED_CALLS[op], op
+        assert len(re.findall(rf"= torch\.ops\.minivllm\.{op}\.default\(",
+                              after)) == EXPECTED_CALLS[op], op
     assert "auto_functionalized(torch.ops.minivllm.unified_attention_with_output.default" in after
     # RoPE rotated q and k in place inside the qkv matmul's output: no scatter back into a copy
     assert "slice_scatter" in before and "slice_scatter" not in after
-    assert mgr.fix_functionalization.defunctionalized == {f"minivllm::{k}": v for k, v in EXPECTED_CALLS.items()}
+    assert mgr.fix_functionalization.defunctionalized == {f"minivllm::{k}": v
+                                                          for k, v in EXPECTED_CALLS.items()}
 
 
 def test_generated_code_has_fewer_copies_and_buffers_with_the_pass(inductor_runs):
@@ -177,7 +182,8 @@ def test_every_pass_records_the_graph_before_and_after_itself(inductor_runs):
         "post_grad.0.NoOpEliminationPass.before", "post_grad.0.NoOpEliminationPass.after",
         "post_grad.1.PostCleanupPass.before", "post_grad.1.PostCleanupPass.after",
         "post_grad.2.VllmIRLoweringPass.before", "post_grad.2.VllmIRLoweringPass.after",
-        "post_grad.3.UnsafeCloneEliminationPass.before", "post_grad.3.UnsafeCloneEliminationPass.after",
+        "post_grad.3.UnsafeCloneEliminationPass.before",
+        "post_grad.3.UnsafeCloneEliminationPass.after",
         "post_grad.4.PostCleanupPass.before", "post_grad.4.PostCleanupPass.after",
         "post_grad.5.FixFunctionalizationPass.before",
         "post_grad.5.FixFunctionalizationPass.before_cleanup",
@@ -201,8 +207,10 @@ def test_defunctionalized_graph_runs_and_matches_eager(lm, inputs, eager_out):
 
 def test_hybrid_model_q_k_norms_and_rope_too_and_the_conv_op_is_left_alone():
     """The hybrid's attention norms q and k per head (two rms_norm) before RoPE, unfused as vLLM
-    writes it (QKNormRoPEFusionPass, tests/test_qk_norm_rope_fusion.py, fuses them under Inductor)."""
-    hybrid = build_model("hybrid", num_layers=2, compilation_config=SEED_PATH)  # conv, then attention
+    writes it (QKNormRoPEFusionPass, tests/test_qk_norm_rope_fusion.py,
+    fuses them under Inductor)."""
+    # conv, then attention
+    hybrid = build_model("hybrid", num_layers=2, compilation_config=SEED_PATH)
     inputs = (torch.randint(0, hybrid.config.vocab_size, (N,)), torch.arange(N))
     fix = FixFunctionalizationPass()
     out, graph = _compile_aot(hybrid, inputs, [fix])
@@ -211,7 +219,8 @@ def test_hybrid_model_q_k_norms_and_rope_too_and_the_conv_op_is_left_alone():
     assert fix.defunctionalized["minivllm::rms_norm"] == 3
     assert fix.defunctionalized["minivllm::rotary_embedding"] == 1
     assert "minivllm::fused_qk_norm_rope" not in fix.defunctionalized
-    assert _functionalized(graph) == ["minivllm::short_conv", "minivllm::unified_attention_with_output"]
+    assert _functionalized(graph) == ["minivllm::short_conv",
+                                      "minivllm::unified_attention_with_output"]
 
 
 def test_dead_code_elimination_after_the_pass_deletes_the_in_place_ops(lm, inputs, eager_out):
@@ -341,7 +350,8 @@ def test_manager_order_records_and_range_filter():
     with pass_context(Range(1, 8)):  # as CompilerManager.compile_context sets it around a compile
         mgr(gm.graph)
     names = [name for name, _ in mgr.records]
-    assert names[:2] == ["post_grad.0.NoOpEliminationPass.before", "post_grad.0.NoOpEliminationPass.after"]
+    assert names[:2] == ["post_grad.0.NoOpEliminationPass.before",
+                         "post_grad.0.NoOpEliminationPass.after"]
     # a plain InductorPass is recorded by the manager; the range filter skipped _SingleSizeOnly
     assert "post_grad.2.CallableInductorPass.after" in names
     assert not any("_SingleSizeOnly" in n for n in names) and not hasattr(gm, "ran")
@@ -352,8 +362,10 @@ def test_manager_order_records_and_range_filter():
     with pytest.raises(TypeError, match="takes an InductorPass.*give an InductorPass"):
         mgr.add(42)
     # the IR lowering and its clean-ups always run (vLLM 0.33 has no switch for them)
-    assert [type(p).__name__ for p in _manager(eliminate_noops=False, enable_fix_functionalization=False)
-            .all_passes()] == ["PostCleanupPass", "VllmIRLoweringPass", "UnsafeCloneEliminationPass",
+    assert [type(p).__name__ for p in _manager(eliminate_noops=False,
+                                               enable_fix_functionalization=False)
+            .all_passes()] == ["PostCleanupPass", "VllmIRLoweringPass",
+                               "UnsafeCloneEliminationPass",
                                "PostCleanupPass"]
 
 
@@ -395,7 +407,8 @@ def test_pass_uuid_is_the_hash_of_its_source():
 def test_mutated_args_table_follows_each_schema():
     """getitem i (i >= 1) is the i-th mutated argument in schema order: the table must agree."""
     for op, table in FixFunctionalizationPass.MUTATED_ARGS.items():
-        mutated = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        mutated = [a.name for a in op._schema.arguments if a.alias_info is not None
+                   and a.alias_info.is_write]
         assert table == {i + 1: name for i, name in enumerate(mutated)}, op
         assert not op._schema.returns, op  # index 0, the return value, is None
 

@@ -54,16 +54,19 @@ def test_counts_follow_the_formula(compiled):
     assert d["num_piecewise_graphs_seen"] == 2 * L + 1
     assert d["num_piecewise_capturable_graphs_seen"] == L + 1
     assert d["num_backend_compilations"] == (L + 1) * (len(sizes_not_ranges) + len(ranges))
-    assert [it.is_splitting_graph for it in lm.model.backend.piecewise_graphs] == [False, True] * L + [False]
+    assert ([it.is_splitting_graph for it in lm.model.backend.piecewise_graphs]
+            == [False, True] * L + [False])
 
 
 def test_every_num_tokens_runs_without_compiling_and_matches_eager(compiled, eager):
     lm, _ = compiled
     g = torch.Generator().manual_seed(0)
-    with compilation_counter.expect(num_graphs_seen=0, num_backend_compilations=0, num_inductor_compiles=0):
+    with compilation_counter.expect(num_graphs_seen=0, num_backend_compilations=0,
+                                    num_inductor_compiles=0):
         for n in range(1, MAX + 1):
             ids = torch.randint(0, 258, (n,), generator=g)
-            torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)),
+                                       atol=1e-4, rtol=1e-4)
 
 
 def test_generate_gives_the_eager_tokens(compiled, eager):
@@ -75,7 +78,8 @@ def test_generate_gives_the_eager_tokens(compiled, eager):
 
 def test_a_num_tokens_outside_every_entry_names_the_entries(compiled):
     lm, _ = compiled
-    with pytest.raises(ValueError, match=r"num_tokens=25 is outside every compiled entry \(sizes \[4, 8\], ranges \[Range\(1, 8\), Range\(9, 24\)\]\)"):
+    with pytest.raises(ValueError, match=r"num_tokens=25 is outside every compiled entry \(sizes "
+                                         r"\[4, 8\], ranges \[Range\(1, 8\), Range\(9, 24\)\]\)"):
         lm(torch.arange(25), torch.arange(25))
 
 
@@ -119,7 +123,8 @@ def test_concrete_vs_fake_args():
 
 def test_compile_sizes_none_still_finds_the_range():
     """Seed §5: `if self.compile_sizes is None: return None` skipped the ranges. Here None is []."""
-    lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager", compile_sizes=None))
+    lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager",
+                                                                        compile_sizes=None))
     lm(torch.arange(6), torch.arange(6))
     piece = lm.model.backend.piecewise_backends[0]
     assert piece.compile_sizes == []
@@ -147,9 +152,11 @@ def test_identical_layers_compile_once():
 def test_hybrid_splits_on_attention_and_the_conv_mixer():
     lm = build_model("hybrid", num_layers=4, compilation_config=vllm_cfg(backend="eager"))
     eager = build_model("hybrid", num_layers=4)
-    with compilation_counter.expect(num_piecewise_graphs_seen=9, num_piecewise_capturable_graphs_seen=5):
+    with compilation_counter.expect(num_piecewise_graphs_seen=9,
+                                    num_piecewise_capturable_graphs_seen=5):
         assert lm.generate(["def f(", "import"], 5) == eager.generate(["def f(", "import"], 5)
-    split_nodes = [str(n.target) for it in lm.model.backend.piecewise_graphs if it.is_splitting_graph
+    split_nodes = [str(n.target) for it in lm.model.backend.piecewise_graphs
+                   if it.is_splitting_graph
                    for n in it.graph.graph.nodes if n.op == "call_function"]
     assert split_nodes == ["minivllm.short_conv", "minivllm.unified_attention_with_output"] * 2
 
@@ -172,17 +179,20 @@ def test_what_still_reaches_the_dispatcher(compiled, eager):
     for name, lm in (("compiled", compiled[0]), ("eager", eager)):
         md = lm.metadata([6], [6], [0], lm.allocate_caches([6]))
         ids = pos = torch.arange(6)
-        with torch.inference_mode(), set_forward_context(md, lm.model.static_forward_context), LogDispatch() as log:
+        with torch.inference_mode(), set_forward_context(
+            md, lm.model.static_forward_context), LogDispatch() as log:
             lm.model(ids, pos)
         seen[name] = log.ops
     # the decorator checks the ids and positions (check_input_values) before the compiled code runs
     with torch.inference_mode(), LogDispatch() as checks:
         compiled[0].model.check_input_values(ids, pos)
     assert checks.ops and all(seen["compiled"][op] >= n for op, n in checks.ops.items())
-    aten_compiled = {op for op in seen["compiled"] if op.startswith("aten.") and op not in checks.ops}
+    aten_compiled = {op for op in seen["compiled"] if op.startswith("aten.")
+                     and op not in checks.ops}
     assert aten_compiled <= {"aten.mm.out", "aten.addmm.out", "aten.bmm.out"}, aten_compiled
     assert seen["compiled"]["minivllm.unified_attention_with_output.default"] == L
-    for op in ("aten.embedding.default", "aten.empty_like.default", "aten.split_with_sizes.default"):
+    for op in ("aten.embedding.default", "aten.empty_like.default",
+               "aten.split_with_sizes.default"):
         assert seen["eager"][op] >= 1 and op not in seen["compiled"]
     assert sum(seen["compiled"].values()) < sum(seen["eager"].values())
 
@@ -204,12 +214,14 @@ def _toy_graph() -> fx.GraphModule:
 def test_split_graph_rules():
     gm = _toy_graph()
     split_gm, items = split_graph(gm, ["minivllm::short_conv"])
-    kinds = [(it.is_splitting_graph, sum(n.op == "call_function" for n in it.graph.graph.nodes)) for it in items]
+    kinds = [(it.is_splitting_graph, sum(n.op == "call_function" for n in it.graph.graph.nodes))
+             for it in items]
     # [sin + the allocation] [conv, conv] [conv] [split, ...]: as in vLLM, the allocation-only
     # piece joined the last compiled piece before it, not the splitting piece next to it
     assert [k for k, _ in kinds] == [False, True, True, False]
     assert kinds[1][1] == 2  # the two consecutive convs
-    assert [n.target for n in items[0].graph.graph.nodes if n.op in ("call_function", "call_method")] == [
+    assert [n.target for n in items[0].graph.graph.nodes
+            if n.op in ("call_function", "call_method")] == [
         "sin", torch.empty_like]
     last = [n.target for n in items[3].graph.graph.nodes if n.op == "call_function"]
     assert last.count(operator.getitem) == 2  # the getitems stayed with the split that makes them
@@ -242,8 +254,8 @@ def _sigmoid_sandwich(x: torch.Tensor) -> torch.Tensor:
 
 def test_a_size_read_before_a_split_crosses_it_as_a_symint_only():
     """As vLLM's _decompose_size_nodes: x.size() on a mark_dynamic input becomes sym_size.int for
-    the dynamic dim and a literal for the static one, so no piece takes a torch.Size or a plain int, and
-    the split graph runs at every size; through the backend and Inductor too."""
+    the dynamic dim and a literal for the static one, so no piece takes a torch.Size or a plain int,
+    and the split graph runs at every size; through the backend and Inductor too."""
     from minivllm_compile.backends import VllmBackend
 
     graphs = []
@@ -274,15 +286,18 @@ def test_a_size_read_before_a_split_crosses_it_as_a_symint_only():
 
 def test_should_split_formats_and_unknown_names(caplog):
     gm = _toy_graph()
-    node = next(n for n in gm.graph.nodes if n.op == "call_function" and "short_conv" in str(n.target))
+    node = next(n for n in gm.graph.nodes if n.op == "call_function"
+                and "short_conv" in str(n.target))
     assert should_split(node, ["minivllm::short_conv"])
     # the traced node is the packet: as in vLLM, only the bare name splits it
     assert not should_split(node, ["minivllm::short_conv.default"])
     assert not should_split(node, ["minivllm::short_conv.other"])
     overload = fx.Graph().call_function(torch.ops.minivllm.short_conv.default, ())
-    assert should_split(overload, ["minivllm::short_conv"]) and should_split(overload, ["minivllm::short_conv.default"])
+    assert should_split(overload, ["minivllm::short_conv"]) and should_split(
+        overload, ["minivllm::short_conv.default"])
     with caplog.at_level("WARNING", logger="minivllm_compile"):
-        assert warn_unknown_splitting_ops(["minivllm::short_comv", "minivllm::short_conv"]) == ["minivllm::short_comv"]
+        assert warn_unknown_splitting_ops(
+            ["minivllm::short_comv", "minivllm::short_conv"]) == ["minivllm::short_comv"]
         warn_unknown_splitting_ops(["minivllm::short_comv"])
     assert sum("short_comv" in r.message for r in caplog.records) == 1  # warned once
 
@@ -290,14 +305,14 @@ def test_should_split_formats_and_unknown_names(caplog):
 def test_triton_source_is_written_on_cpu_without_a_gpu():
     """Inductor writes Triton for a CPU graph in codegen-only mode; static for a size (the
     element count is a constant), symbolic for a range (it is computed from num_tokens)."""
-    from minivllm_compile.viz.kernels import triton_source_codegen_only
-
     from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+    from minivllm_compile.viz.kernels import triton_source_codegen_only
 
     # the norms as the vllm_c custom op: an extern call, so the piece's one Triton kernel is the
     # embedding lookup (with native norms Inductor fuses the lookup into the first norm's reduction)
     vllm_c = KernelConfig(IrOpPriorityConfig.with_default(["vllm_c"]))
-    lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager", kernel_config=vllm_c))
+    lm = build_model("llama", num_layers=1, compilation_config=vllm_cfg(backend="eager",
+                                                                        kernel_config=vllm_c))
     lm(torch.arange(6), torch.arange(6))
     piece = lm.model.backend.piecewise_backends[0].graph  # holds the embedding lookup
     static = triton_source_codegen_only(piece, create_concrete_args(piece, 8))
@@ -313,11 +328,13 @@ def test_the_compile_fx_adaptor_gives_the_same_model(monkeypatch, eager):
     from minivllm_compile.compiler_interface import InductorAdaptor
 
     monkeypatch.setenv("VLLM_USE_STANDALONE_COMPILE", "0")
-    lm = build_model("llama", num_layers=L, compilation_config=vllm_cfg(compile_sizes=[4], compile_ranges_endpoints=[]))
+    lm = build_model("llama", num_layers=L,
+                     compilation_config=vllm_cfg(compile_sizes=[4], compile_ranges_endpoints=[]))
     with compilation_counter.expect(num_inductor_compiles=(L + 1) * 2):
         for n in (4, 9, 1):
             ids = torch.randint(0, 258, (n,))
-            torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)),
+                                       atol=1e-4, rtol=1e-4)
     assert isinstance(lm.model.backend.compiler_manager.compiler, InductorAdaptor)
 
 
@@ -330,9 +347,11 @@ def test_custom_ops_none_gives_inductor_plain_torch_to_fuse(arch):
     lm = build_model(arch, num_layers=2, compilation_config=cc)
     for n in (4, 11):
         ids = torch.randint(0, 258, (n,))
-        torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lm(ids, torch.arange(n)), eager(ids, torch.arange(n)),
+                                   atol=1e-4, rtol=1e-4)
     code = lm.model.backend.graphs[0].code
-    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope"):
+    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
+               "fused_qk_norm_rope"):
         assert f"minivllm.{op}" not in code, op
     generated = "\n".join(c for e in lm.model.backend.compiler_manager.entries for c in e.code)
     assert "torch.ops.minivllm." not in generated.replace("torch.ops.minivllm.unified", "").replace(
@@ -349,4 +368,5 @@ def test_concrete_args_keep_strides_and_storage_offsets():
     with FakeTensorMode():
         x.meta["example_value"] = torch.empty(4, 10)[1:, 2:7]  # a strided view, offset 12
     (concrete,) = create_concrete_args(fx.GraphModule(torch.nn.Module(), g), 8)
-    assert (tuple(concrete.shape), concrete.stride(), concrete.storage_offset()) == ((3, 5), (10, 1), 12)
+    assert (tuple(concrete.shape), concrete.stride(),
+            concrete.storage_offset()) == ((3, 5), (10, 1), 12)

@@ -32,7 +32,8 @@ def _cfg(custom_ops="all", fusion=True, max_token_num=None, **kw) -> Compilation
     return CompilationConfig(
         mode=CompilationMode.VLLM_COMPILE, custom_ops=custom_ops.split(","),
         inductor_compile_config={"fx_graph_cache": False},
-        pass_config=PassConfig(enable_qk_norm_rope_fusion=fusion, qk_norm_rope_fusion_max_token_num=max_token_num),
+        pass_config=PassConfig(enable_qk_norm_rope_fusion=fusion,
+                               qk_norm_rope_fusion_max_token_num=max_token_num),
         **kw)
 
 
@@ -55,7 +56,8 @@ def _runs(manager) -> list[dict[str, str]]:
 
 
 def _sites(text: str) -> int:
-    """Attention layers in a graph: each splits its qkv matmul (nothing else splits, in either form)."""
+    """Attention layers in a graph: each splits its qkv matmul (nothing else
+    splits, in either form)."""
     return len(re.findall(r"= torch\.ops\.aten\.split_with_sizes\.default\(", text))
 
 
@@ -63,8 +65,9 @@ def _unfused_left(text: str) -> list[str]:
     """What the unfused q/k norm + RoPE leaves in a graph, either form: the RoPE op, or the
     native RoPE's cos/sin lookup and the concatenation of its rotated halves; the per-head norm
     (its input reshaped to [T, heads, head_dim])."""
-    return re.findall(r"torch\.ops\.minivllm\.rotary_embedding\.default|torch\.ops\.aten\.index\.Tensor"
-                      r"|torch\.ops\.aten\.cat\.default|reshape\.default\(getitem_\d+, \[\w+, \d+, \d+\]\)", text)
+    return re.findall(r"torch\.ops\.minivllm\.rotary_embedding\.default"
+                      r"|torch\.ops\.aten\.index\.Tensor|torch\.ops\.aten\.cat\.default"
+                      r"|reshape\.default\(getitem_\d+, \[\w+, \d+, \d+\]\)", text)
 
 
 # what an in-place op left functional costs in Inductor's code: a copy of its buffer (or a clone)
@@ -86,8 +89,10 @@ def _check_fused(lm) -> dict[str, int]:
         assert _unfused_left(after) == [], after
         if sites:
             assert _unfused_left(before)  # there was something to fuse
-        (fixed,) = [text for stage, text in run.items() if stage.endswith("FixFunctionalizationPass.after")]
-        assert f"auto_functionalized({FUSED}" not in fixed and fixed.count(f"= {FUSED}(") == sites, fixed
+        (fixed,) = [text for stage, text in run.items()
+                    if stage.endswith("FixFunctionalizationPass.after")]
+        assert f"auto_functionalized({FUSED}" not in fixed and fixed.count(
+            f"= {FUSED}(") == sites, fixed
         totals["runs"] += 1
         totals["sites"] += sites
         totals["fused"] += after.count(FUSED)
@@ -101,7 +106,8 @@ def _check_fused(lm) -> dict[str, int]:
 
 
 def _entry_code(lm) -> dict[Range, list[bool]]:
-    """For each compiled range/size, one flag per piece: does its generated code call the fused op."""
+    """For each compiled range/size, one flag per piece: does its generated
+    code call the fused op."""
     found: dict[Range, list[bool]] = {}
     for backend in lm.model.backend.piecewise_backends:
         for r, entry in backend.range_entries.items():
@@ -111,7 +117,9 @@ def _entry_code(lm) -> dict[Range, list[bool]]:
 
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_every_attention_layer_is_fused_and_outputs_match_at_every_size_and_range(custom_ops):
-    make = lambda cc: build_model("hybrid", num_layers=4, compilation_config=cc)
+    def make(cc):
+        return build_model("hybrid", num_layers=4, compilation_config=cc)
+
     lm, eager = make(_cfg(custom_ops)), _eager(make, custom_ops)
     ids = _ids(lm)
     for n in (MAX, 4, 3, 8, 9, 13):  # the first call compiles every entry
@@ -133,13 +141,17 @@ def test_every_attention_layer_is_fused_and_outputs_match_at_every_size_and_rang
 
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_the_trained_hybrid_is_fused_and_generates_the_same_text(custom_ops):
-    make = lambda cc: load_model("tiny-hybrid", compilation_config=cc)
-    lm = make(_cfg(custom_ops, compile_sizes=[], compile_ranges_endpoints=[], max_num_batched_tokens=64))
+    def make(cc):
+        return load_model("tiny-hybrid", compilation_config=cc)
+
+    lm = make(_cfg(custom_ops, compile_sizes=[], compile_ranges_endpoints=[],
+                   max_num_batched_tokens=64))
     eager = _eager(make, custom_ops)
     prompt = torch.tensor([256, *b"def read_config(path):\n    with open(path) as f:\n"])
     n = len(prompt)
     got, want = lm(prompt, torch.arange(n)), eager(prompt, torch.arange(n))
-    print(f"tiny-hybrid custom_ops={custom_ops}: max |fused - unfused| = {(got - want).abs().max().item():.2e}")
+    print(f"tiny-hybrid custom_ops={custom_ops}: max |fused - unfused| = "
+          f"{(got - want).abs().max().item():.2e}")
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
     # its two attention layers end two identical pieces: the second reuses the first's artifact
     assert _check_fused(lm) == {"runs": 4, "sites": 1, "fused": 1}
@@ -148,7 +160,8 @@ def test_the_trained_hybrid_is_fused_and_generates_the_same_text(custom_ops):
     assert lm.generate(prompts, max_new_tokens=24) == eager.generate(prompts, max_new_tokens=24)
 
 
-@pytest.mark.parametrize("custom_ops, is_neox", [("all", False), ("none", False), ("none,+rms_norm", True),
+@pytest.mark.parametrize("custom_ops, is_neox",
+                         [("all", False), ("none", False), ("none,+rms_norm", True),
                                                   ("all,-rms_norm", True)])
 def test_gpt_j_style_rope_and_mixed_forms_are_fused_too(custom_ops, is_neox):
     def make(cc):
@@ -156,17 +169,21 @@ def test_gpt_j_style_rope_and_mixed_forms_are_fused_too(custom_ops, is_neox):
         lm.model.layers[1].self_attn.rotary_emb.is_neox_style = is_neox  # read when traced
         return lm
 
-    lm, eager = make(_cfg(custom_ops, compile_sizes=[], compile_ranges_endpoints=[])), _eager(make, custom_ops)
+    lm, eager = make(_cfg(custom_ops, compile_sizes=[],
+                          compile_ranges_endpoints=[])), _eager(make, custom_ops)
     ids = _ids(lm)
-    torch.testing.assert_close(lm(ids, torch.arange(MAX)), eager(ids, torch.arange(MAX)), atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(lm(ids, torch.arange(MAX)), eager(ids, torch.arange(MAX)),
+                               atol=ATOL, rtol=RTOL)
     assert _check_fused(lm) == {"runs": 3, "sites": 1, "fused": 1}
-    after = [t for s, t in lm.model.backend.post_grad_pass_manager.records if s.endswith(f"{QK}.after")]
+    after = [t for s, t in lm.model.backend.post_grad_pass_manager.records
+             if s.endswith(f"{QK}.after")]
     assert any(f"is_neox = {is_neox}" in t for t in after)
 
 
 def test_off_by_default():
     assert PassConfig().enable_qk_norm_rope_fusion is False
-    lm = build_model("hybrid", num_layers=2, compilation_config=_cfg(fusion=False, compile_sizes=[]))
+    lm = build_model("hybrid", num_layers=2,
+                     compilation_config=_cfg(fusion=False, compile_sizes=[]))
     lm(_ids(lm), torch.arange(MAX))
     manager = lm.model.backend.post_grad_pass_manager
     assert not any(isinstance(p, QKNormRoPEFusionPass) for p in manager.passes)
@@ -176,31 +193,41 @@ def test_off_by_default():
 
 
 def test_a_model_without_qk_norm_runs_unchanged_with_the_pass_on():
-    make = lambda cc: build_model("llama", num_layers=2, compilation_config=cc)
+    def make(cc):
+        return build_model("llama", num_layers=2, compilation_config=cc)
+
     lm, eager = make(_cfg(compile_sizes=[])), _eager(make, "all")
     ids = _ids(lm)
-    torch.testing.assert_close(lm(ids, torch.arange(MAX)), eager(ids, torch.arange(MAX)), atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(lm(ids, torch.arange(MAX)), eager(ids, torch.arange(MAX)),
+                               atol=ATOL, rtol=RTOL)
     manager = lm.model.backend.post_grad_pass_manager
     (qk,) = [p for p in manager.passes if isinstance(p, QKNormRoPEFusionPass)]
-    assert qk.matched_count == 0 and not qk.geometries  # RoPE without q/k norm: not a candidate site
+    # RoPE without q/k norm: not a candidate site
+    assert qk.matched_count == 0 and not qk.geometries
     runs = _runs(manager)
-    assert runs and all(run[f"post_grad.1.{QK}.before"] == run[f"post_grad.1.{QK}.after"] for run in runs)
+    assert runs and all(run[f"post_grad.1.{QK}.before"] == run[f"post_grad.1.{QK}.after"]
+                        for run in runs)
 
 
 def test_range_gating_fuses_only_up_to_max_token_num():
-    cc = _cfg(max_token_num=8, compile_sizes=[], compile_ranges_endpoints=[], max_num_batched_tokens=32)
+    cc = _cfg(max_token_num=8, compile_sizes=[], compile_ranges_endpoints=[],
+              max_num_batched_tokens=32)
     assert cc.get_compile_ranges() == [Range(1, 8), Range(9, 32)]  # the limit became an endpoint
     lm = build_model("hybrid", num_layers=2, compilation_config=cc)
     eager = _eager(lambda c: build_model("hybrid", num_layers=2, compilation_config=c), "all")
     ids = _ids(lm, 32)
     for n in (32, 5, 8, 9):
-        torch.testing.assert_close(lm(ids[:n], torch.arange(n)), eager(ids[:n], torch.arange(n)), atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(lm(ids[:n], torch.arange(n)), eager(ids[:n], torch.arange(n)),
+                                   atol=ATOL, rtol=RTOL)
     code = _entry_code(lm)
-    assert code[Range(1, 8)] == [False, True, False]  # the piece ending in the attention layer's q/k/v
+    # the piece ending in the attention layer's q/k/v
+    assert code[Range(1, 8)] == [False, True, False]
     assert code[Range(9, 32)] == [False, False, False]
     qk = QKNormRoPEFusionPass(cc.pass_config)
-    assert [qk.is_applicable_for_range(r) for r in (Range(1, 8), Range(8, 8), Range(9, 32))] == [True, True, False]
-    assert QKNormRoPEFusionPass(PassConfig(enable_qk_norm_rope_fusion=True)).is_applicable_for_range(Range(9, 4096))
+    assert [qk.is_applicable_for_range(r) for r in (Range(1, 8), Range(8, 8),
+                                                    Range(9, 32))] == [True, True, False]
+    assert QKNormRoPEFusionPass(
+        PassConfig(enable_qk_norm_rope_fusion=True)).is_applicable_for_range(Range(9, 4096))
 
 
 def test_the_pass_config_and_the_pass_source_are_in_the_cache_key():
@@ -210,5 +237,7 @@ def test_the_pass_config_and_the_pass_source_are_in_the_cache_key():
     assert _cfg(max_token_num=8).compute_hash() != _cfg(max_token_num=None).compute_hash()
     qk = make_pass_manager(on).passes[1]
     assert isinstance(qk, QKNormRoPEFusionPass)
-    assert qk.uuid() == QKNormRoPEFusionPass().uuid()  # a function of the source, not of the instance
-    assert qk.uuid() != QKNormRoPEFusionPass.hash_source(QKNormRoPEFusionPass)  # the patterns are in it too
+    # a function of the source, not of the instance
+    assert qk.uuid() == QKNormRoPEFusionPass().uuid()
+    # the patterns are in it too
+    assert qk.uuid() != QKNormRoPEFusionPass.hash_source(QKNormRoPEFusionPass)

@@ -56,7 +56,8 @@ def _quant_inputs(graph: fx.Graph) -> list[fx.Node]:
     """The tensor every static FP8 quant in the graph quantizes, either form: the custom op's
     `input=`, or x in the plain-torch convert(clamp_max(clamp_min(mul(x, reciprocal(scale)))), fp8)
     (x behind a cast to fp32 for a bf16 model)."""
-    found = [n.kwargs["input"] for n in graph.find_nodes(op="call_function", target=auto_functionalized)
+    found = [n.kwargs["input"] for n in graph.find_nodes(op="call_function",
+                                                         target=auto_functionalized)
              if n.args[0] == minivllm.static_scaled_fp8_quant.default]
     for n in graph.find_nodes(op="call_function", target=prims.convert_element_type.default):
         if n.args[1] != FP8_DTYPE:
@@ -76,11 +77,14 @@ def _quant_inputs(graph: fx.Graph) -> list[fx.Node]:
 
 FEEDERS = {minivllm.silu_and_mul.default: "act"}
 # the norms, as the vLLM IR ops they are until the lowering (after the fusion passes)
-IR_NORMS = (torch.ops.minivllm_ir.rms_norm.default, torch.ops.minivllm_ir.fused_add_rms_norm.default)
+IR_NORMS = (torch.ops.minivllm_ir.rms_norm.default,
+            torch.ops.minivllm_ir.fused_add_rms_norm.default)
 # where the plain-torch forms show themselves: the norm's rsqrt, silu's exp (Inductor decomposes
 # silu to x / (1 + exp(-x)))
-MARKERS = {aten.rsqrt.default: "norm", aten.silu.default: "act", aten.sigmoid.default: "act", aten.exp.default: "act"}
-BARRIERS = (aten._scaled_mm.default, aten.embedding.default)  # a matmul or lookup: what came before is not ours
+MARKERS = {aten.rsqrt.default: "norm", aten.silu.default: "act", aten.sigmoid.default: "act",
+           aten.exp.default: "act"}
+# a matmul or lookup: what came before is not ours
+BARRIERS = (aten._scaled_mm.default, aten.embedding.default)
 
 
 def _feeder(x: fx.Node) -> str:
@@ -94,7 +98,8 @@ def _feeder(x: fx.Node) -> str:
         seen.add(n)
         if n.op == "placeholder":
             kinds.add("input")
-        elif n.target in IR_NORMS or (n.target is operator.getitem and n.args[0].target in IR_NORMS):
+        elif n.target in IR_NORMS or (n.target is operator.getitem
+                                      and n.args[0].target in IR_NORMS):
             kinds.add("norm")
         elif n.target is operator.getitem and n.args[0].target is auto_functionalized:
             kinds.add(FEEDERS.get(n.args[0].args[0], "other"))
@@ -130,7 +135,8 @@ class QuantFusions(VllmInductorPass):
             p.records, p.dump_prefix = self.records, self.dump_prefix
             sites = quant_feeds(graph)[kind]
             p(graph)
-            call[kind] = {"sites": sites, "matched": p.matched_count, "left": quant_feeds(graph)[kind]}
+            call[kind] = {"sites": sites, "matched": p.matched_count,
+                          "left": quant_feeds(graph)[kind]}
         call["remaining"] = quant_feeds(graph)
         self.calls.append(call)
 
@@ -145,10 +151,12 @@ def _kernels(custom_ops: str, norms: str | None = None) -> KernelConfig:
 
 
 def _cc(custom_ops: str, user_pass=None, sizes=SIZES) -> CompilationConfig:
-    inductor = {"fx_graph_cache": False}  # else a second compile hits the cache and skips the passes
+    # else a second compile hits the cache and skips the passes
+    inductor = {"fx_graph_cache": False}
     if user_pass is not None:
         inductor["post_grad_custom_post_pass"] = user_pass
-    return CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=sizes, max_num_batched_tokens=MAX,
+    return CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=sizes,
+                             max_num_batched_tokens=MAX,
                              custom_ops=[custom_ops], inductor_compile_config=inductor,
                              kernel_config=_kernels(custom_ops))
 
@@ -183,7 +191,8 @@ def fused_in_code(lm) -> dict:
 
 
 def _eager(name: str, custom_ops: str, norms: str | None = None, **kw):
-    cc = CompilationConfig(mode=CompilationMode.NONE, custom_ops=[custom_ops], kernel_config=_kernels(custom_ops, norms))
+    cc = CompilationConfig(mode=CompilationMode.NONE, custom_ops=[custom_ops],
+                           kernel_config=_kernels(custom_ops, norms))
     return load_model(name, compilation_config=cc, **kw)
 
 
@@ -219,7 +228,8 @@ def _check_fusions(lm, passes: QuantFusions, custom_ops: str) -> None:
         for kind in ("norm", "act"):
             assert call[kind]["matched"] == call[kind]["sites"] and call[kind]["left"] == 0, call
         assert set(call["remaining"]) <= {"input"}, call
-    assert sum(c["norm"]["sites"] for c in passes.calls) > 0 and sum(c["act"]["sites"] for c in passes.calls) > 0
+    assert sum(c["norm"]["sites"] for c in passes.calls) > 0 and sum(
+        c["act"]["sites"] for c in passes.calls) > 0
     # the generated code of every size and range: as many fused calls as the model has sites
     for r, found in fused_in_code(lm).items():
         assert {k: found[k] for k in FUSED} == dict(want), (r, found)
@@ -227,12 +237,15 @@ def _check_fusions(lm, passes: QuantFusions, custom_ops: str) -> None:
         assert found["quant"] == (L if custom_ops == "all" else 0), (r, found)
     # and the manager recorded each pass's stages, the fused ops in the graph after it
     records = lm.model.backend.post_grad_pass_manager.records
-    for name, ops in (("RMSNormQuantFusionPass", "(fused_add_)?rms_norm"), ("ActivationQuantFusionPass", "silu_and_mul")):
+    for name, ops in (("RMSNormQuantFusionPass", "(fused_add_)?rms_norm"),
+                      ("ActivationQuantFusionPass", "silu_and_mul")):
         after = [src for stage, src in records if stage == f"post_grad.1.{name}.after"]
         assert len(after) == len(passes.calls)
         # every piece holds a norm->quant (and all but the first a silu->quant)
-        fused = [re.search(rf"auto_functionalized\(torch\.ops\.minivllm\.{ops}_quant\.default" if ops == "silu_and_mul"
-                           else rf"auto_functionalized\(torch\.ops\.minivllm\.{ops}_static_fp8_quant\.default", src)
+        fused = [re.search(rf"auto_functionalized\(torch\.ops\.minivllm\.{ops}_quant\.default"
+                           if ops == "silu_and_mul"
+                           else r"auto_functionalized\(torch\.ops\.minivllm\."
+                                rf"{ops}_static_fp8_quant\.default", src)
                  for src in after]
         assert all(fused) if name == "RMSNormQuantFusionPass" else any(fused)
     _check_no_copy_left(lm)
@@ -251,9 +264,12 @@ def _check_no_copy_left(lm) -> None:
              if stage.endswith("FixFunctionalizationPass.after")]
     assert fixed
     for src in fixed:
-        assert not re.search(rf"auto_functionalized\(torch\.ops\.minivllm\.({FUSED_OPS})\.default", src), src
-    assert any(re.search(rf"= torch\.ops\.minivllm\.({FUSED_OPS})\.default\(", src) for src in fixed)
-    codes = ["".join(e.compiled.code) for b in lm.model.backend.piecewise_backends for e in b.range_entries.values()]
+        assert not re.search(rf"auto_functionalized\(torch\.ops\.minivllm\.({FUSED_OPS})\.default",
+                             src), src
+    assert any(re.search(rf"= torch\.ops\.minivllm\.({FUSED_OPS})\.default\(", src)
+               for src in fixed)
+    codes = ["".join(e.compiled.code) for b in lm.model.backend.piecewise_backends
+             for e in b.range_entries.values()]
     calling = [c for c in codes if re.search(rf"torch\.ops\.minivllm\.({FUSED_OPS})\.default\(", c)]
     assert calling
     for code in calling:
@@ -269,7 +285,8 @@ def test_every_norm_and_activation_quant_is_fused_and_outputs_match(custom_ops):
     lm.warmup()
     _check_fusions(lm, passes, custom_ops)
     unfused = load_model("tiny-llama-fp8", compilation_config=_cc(custom_ops))
-    diffs = _compare(lm, {"unfused": unfused, "eager": _eager("tiny-llama-fp8", custom_ops)}, torch.float32,
+    diffs = _compare(lm, {"unfused": unfused, "eager": _eager("tiny-llama-fp8", custom_ops)},
+                     torch.float32,
                      f"custom_ops={custom_ops}")
     if custom_ops == "all":  # the same reference kernels, fused or not: bit for bit
         assert all(d == 0 for (name, _), d in diffs.items() if name == "unfused"), diffs
@@ -280,7 +297,8 @@ def test_bf16_model_fuses_too(custom_ops):
     """The plain-torch forms cast to fp32 and back in bf16, so their patterns are registered per
     dtype; the pass finds bf16 among the graph's inputs."""
     passes = QuantFusions()
-    lm = load_model("tiny-llama-fp8", compilation_config=_cc(custom_ops, passes), dtype=torch.bfloat16)
+    lm = load_model("tiny-llama-fp8", compilation_config=_cc(custom_ops, passes),
+                    dtype=torch.bfloat16)
     lm.warmup()
     _check_fusions(lm, passes, custom_ops)
     rms = passes.inner[0][0]
@@ -313,7 +331,8 @@ def test_bf16_model_fuses_too(custom_ops):
             assert _max_diff(got, want) <= 1 / 64 and (got != want).float().mean() < 0.005, n
 
 
-# --- eps -------------------------------------------------------------------------------------------
+# --- eps
+# -------------------------------------------------------------------------------------------
 
 def _fp8_with_eps(tmp_path, eps: float):
     import json
@@ -341,16 +360,19 @@ def test_eps_is_read_from_the_graph_and_a_pattern_for_another_eps_refuses(tmp_pa
         lm = load_model(path, compilation_config=_cc("all", p, sizes=[]))
         lm.warmup()
     assert p.registered == {(1e-5, torch.float32)} and p.matched_count == 0
-    after = dict(lm.model.backend.post_grad_pass_manager.records)["post_grad.1.RMSNormQuantFusionPass.after"]
+    after = dict(lm.model.backend.post_grad_pass_manager.records)[
+        "post_grad.1.RMSNormQuantFusionPass.after"]
     assert "static_fp8_quant" not in after and "static_scaled_fp8_quant" in after
-    # read from the graph: 1e-6 is registered beside the 1e-5 patterns tried first, and every site fuses
+    # read from the graph: 1e-6 is registered beside the 1e-5 patterns tried
+    # first, and every site fuses
     passes = QuantFusions()
     passes.inner[0][0].register_patterns(1e-5, torch.float32)
     lm = load_model(path, compilation_config=_cc("all", passes, sizes=[]))
     lm.warmup()
     assert passes.inner[0][0].registered == {(1e-5, torch.float32), (1e-6, torch.float32)}
     _check_fusions(lm, passes, "all")
-    after = dict(lm.model.backend.post_grad_pass_manager.records)["post_grad.1.RMSNormQuantFusionPass.after"]
+    after = dict(lm.model.backend.post_grad_pass_manager.records)[
+        "post_grad.1.RMSNormQuantFusionPass.after"]
     assert "epsilon = 1e-06" in after and "epsilon = 1e-05" not in after
 
 
@@ -362,7 +384,8 @@ def test_a_norm_whose_weight_dtype_differs_is_not_fused():
 
     g = fx.Graph()
     nodes = {}
-    for name, dtype in (("input", torch.bfloat16), ("residual", torch.bfloat16), ("weight", torch.float32)):
+    for name, dtype in (("input", torch.bfloat16), ("residual", torch.bfloat16),
+                        ("weight", torch.float32)):
         nodes[name] = g.placeholder(name)
         nodes[name].meta["val"] = torch.empty(2, 4, dtype=dtype)
     assert not norm_dtypes_match(SimpleNamespace(kwargs=nodes))
@@ -370,14 +393,16 @@ def test_a_norm_whose_weight_dtype_differs_is_not_fused():
     assert norm_dtypes_match(SimpleNamespace(kwargs=nodes))
 
 
-# --- nothing to match ------------------------------------------------------------------------------
+# --- nothing to match
+# ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_an_unquantized_model_runs_unchanged(custom_ops):
     passes = QuantFusions()
     lm = load_model("tiny-llama", compilation_config=_cc(custom_ops, passes))
     lm.warmup()
-    assert passes.calls and all(c[k]["matched"] == c[k]["sites"] == 0 for c in passes.calls for k in ("norm", "act"))
+    assert passes.calls and all(c[k]["matched"] == c[k]["sites"] == 0 for c in passes.calls
+                                for k in ("norm", "act"))
     assert all(p.matched_count == 0 for p, _ in passes.inner)
     stages = lm.model.backend.post_grad_pass_manager.records
     for name in ("RMSNormQuantFusionPass", "ActivationQuantFusionPass"):
@@ -389,7 +414,8 @@ def test_an_unquantized_model_runs_unchanged(custom_ops):
         assert torch.equal(lm(_ids(n), torch.arange(n)), plain(_ids(n), torch.arange(n)))
 
 
-# --- the passes themselves -------------------------------------------------------------------------
+# --- the passes themselves
+# -------------------------------------------------------------------------
 
 def test_uuid_is_the_source_hash_of_the_pass_and_its_patterns():
     a, b = RMSNormQuantFusionPass(PassConfig()), RMSNormQuantFusionPass()
@@ -402,8 +428,11 @@ def test_uuid_is_the_source_hash_of_the_pass_and_its_patterns():
     a.register_patterns(1e-5, torch.float32)
     assert a.uuid() == b.uuid()
     # and it reaches the cache key as a user pass
-    cc = lambda p: CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
-                                     inductor_compile_config={"post_grad_custom_post_pass": p})
+
+    def cc(p):
+        return CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
+                                 inductor_compile_config={"post_grad_custom_post_pass": p})
+
     assert make_pass_manager(cc(a)).uuid() != make_pass_manager(cc(act)).uuid()
 
 
@@ -427,12 +456,14 @@ def test_the_pass_config_flags_run_both_passes_in_vllms_order():
     NoOpElimination and before QK-norm + RoPE, as vLLM's configure() orders them;
     through the flags the fp8 model's generated code calls only fused ops where a norm or
     silu_and_mul fed a quant, and the outputs stay the unfused model's."""
-    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=SIZES, max_num_batched_tokens=MAX,
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=SIZES,
+                           max_num_batched_tokens=MAX,
                            inductor_compile_config={"fx_graph_cache": False},
                            pass_config=PassConfig(fuse_norm_quant=True, fuse_act_quant=True,
                                                   enable_qk_norm_rope_fusion=True))
     assert [type(p).__name__ for p in make_pass_manager(cc).all_passes()] == [
-        "NoOpEliminationPass", "RMSNormQuantFusionPass", "ActivationQuantFusionPass", "QKNormRoPEFusionPass",
+        "NoOpEliminationPass", "RMSNormQuantFusionPass", "ActivationQuantFusionPass",
+        "QKNormRoPEFusionPass",
         "PostCleanupPass", "VllmIRLoweringPass", "UnsafeCloneEliminationPass", "PostCleanupPass",
         "FixFunctionalizationPass"]
     assert not PassConfig().fuse_norm_quant and not PassConfig().fuse_act_quant
@@ -443,7 +474,8 @@ def test_the_pass_config_flags_run_both_passes_in_vllms_order():
         assert {k: found[k] for k in FUSED} == dict(want), (r, found)
     unfused = load_model("tiny-llama-fp8", compilation_config=_cc("all"))
     ids = _ids(7)
-    torch.testing.assert_close(lm(ids, torch.arange(7)), unfused(ids, torch.arange(7)), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lm(ids, torch.arange(7)), unfused(ids, torch.arange(7)),
+                               atol=1e-4, rtol=1e-4)
     _check_no_copy_left(lm)
 
 
@@ -455,7 +487,8 @@ def test_off_by_default_no_fused_op_is_called():
     lm.warmup()
     manager = lm.model.backend.post_grad_pass_manager
     assert [type(p).__name__ for p in manager.all_passes()] == [
-        "NoOpEliminationPass", "PostCleanupPass", "VllmIRLoweringPass", "UnsafeCloneEliminationPass",
+        "NoOpEliminationPass", "PostCleanupPass", "VllmIRLoweringPass",
+        "UnsafeCloneEliminationPass",
         "PostCleanupPass", "FixFunctionalizationPass"]
     assert manager.records and not any(re.search(FUSED_OPS, src) for _, src in manager.records)
     L = lm.config.num_hidden_layers
@@ -467,8 +500,10 @@ def test_off_by_default_no_fused_op_is_called():
 def test_each_quant_fusion_flag_is_in_the_cache_key():
     """Each flag changes the compile-cache hash (the config's, and the pass manager's uuid among
     the factors), so turning one on recompiles instead of loading unfused artifacts."""
-    flags = [{}, {"fuse_norm_quant": True}, {"fuse_act_quant": True}, {"fuse_norm_quant": True, "fuse_act_quant": True}]
-    ccs = [CompilationConfig(mode=CompilationMode.VLLM_COMPILE, pass_config=PassConfig(**f)) for f in flags]
+    flags = [{}, {"fuse_norm_quant": True}, {"fuse_act_quant": True},
+             {"fuse_norm_quant": True, "fuse_act_quant": True}]
+    ccs = [CompilationConfig(mode=CompilationMode.VLLM_COMPILE, pass_config=PassConfig(**f))
+           for f in flags]
     assert len({cc.compute_hash() for cc in ccs}) == len(flags)
     assert len({cache_keys.compile_factors(cc)["passes"] for cc in ccs}) == len(flags)
     assert len({cache_keys.backend_cache_key(cc, "cpu")[0] for cc in ccs}) == len(flags)

@@ -66,7 +66,8 @@ def test_nothing_is_installed_when_torch_is_there(run_py, monkeypatch):
 
 def test_the_whole_suite_runs_a_worker_per_core_up_to_four(run_py, monkeypatch):
     monkeypatch.delenv("MINIVLLM_TEST_WORKERS", raising=False)
-    for cores, workers in ((1, []), (2, ["-n", "2", "--dist", "loadfile"]), (16, ["-n", "4", "--dist", "loadfile"])):
+    for cores, workers in ((1, []), (2, ["-n", "2", "--dist", "loadfile"]),
+                           (16, ["-n", "4", "--dist", "loadfile"])):
         monkeypatch.setattr(run_py.os, "cpu_count", lambda cores=cores: cores)
         assert run_py.test_workers() == workers
     monkeypatch.setenv("MINIVLLM_TEST_WORKERS", "1")  # one process: no xdist

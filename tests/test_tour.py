@@ -1,5 +1,5 @@
-"""The README's first command runs the tour: the trained models write text, the compiled model writes
-the same text, every kernel matches its reference."""
+"""The README's first command runs the tour: the trained models write text, the compiled model
+writes the same text, every kernel matches its reference."""
 
 import os
 import subprocess
@@ -12,7 +12,8 @@ def test_the_tour_runs(tmp_path):
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0"}
     env.pop("TRITON_INTERPRET", None)  # the tour must set it up itself
     env.pop("OMP_NUM_THREADS", None)  # the tour chooses one thread itself
-    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.tour"], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.tour"], env=env,
+                          capture_output=True,
                           text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -28,6 +29,8 @@ def test_the_tour_runs(tmp_path):
         assert sum(c.isalpha() for c in text[len(prompt):]) > 20, repr(text)
     assert "split into 9 pieces" in out and "greedy text identical to eager: True" in out
     assert "16 of 16 kernel checks passed" in out
-    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.tour"], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "minivllm_compile.tour"], env=env,
+                          capture_output=True,
                           text=True, timeout=900, check=False)
-    assert proc.returncode == 0 and "loaded the saved AOT artifact" in proc.stdout  # the second tour
+    # the second tour
+    assert proc.returncode == 0 and "loaded the saved AOT artifact" in proc.stdout

@@ -74,7 +74,8 @@ def test_allreduce_fusion_is_off_by_default_and_disabled_at_tp1():
                    for p in make_pass_manager(CompilationConfig()).all_passes())
     on = {"fuse_allreduce_rms": True, "allreduce_fusion_max_token_num": 8}
     cc = CompilationConfig(max_num_batched_tokens=32, pass_config=on)
-    (fusion,) = [p for p in make_pass_manager(cc).passes if type(p).__name__ == "AllReduceFusionPass"]
+    (fusion,) = [p for p in make_pass_manager(cc).passes if type(p).__name__
+                 == "AllReduceFusionPass"]
     assert fusion.disabled and not fusion.is_applicable_for_range(cc.get_compile_ranges()[0])
     assert cc.compile_ranges_endpoints == []
     with as_rank(0, 2):
@@ -94,7 +95,8 @@ def test_the_fusion_pass_uuid_is_in_the_key():
         on = cache_keys.compile_factors(CompilationConfig(
             pass_config={"fuse_allreduce_rms": True}))["passes"]
         gated = cache_keys.compile_factors(CompilationConfig(
-            pass_config={"fuse_allreduce_rms": True, "allreduce_fusion_max_token_num": 4}))["passes"]
+            pass_config={"fuse_allreduce_rms": True,
+                         "allreduce_fusion_max_token_num": 4}))["passes"]
     assert len({off, on, gated}) == 3
 
 
@@ -109,13 +111,16 @@ def test_the_fused_op_functionalizes_and_is_defunctionalized(with_norm_out):
     g = fx.Graph()
     x, res, w, out = (g.placeholder(n) for n in ("x", "res", "w", "out"))
     at = g.call_function(auto_functionalized, (op,), {
-        "allreduce_in": x, "residual": res, "rms_gamma": w, "rms_eps": 1e-6, "world_size": 2, "max_token_num": 16,
+        "allreduce_in": x, "residual": res, "rms_gamma": w, "rms_eps": 1e-6, "world_size": 2,
+        "max_token_num": 16,
         "group_name": "tp:0", "norm_out": out if with_norm_out else None})
-    picks = [g.call_function(operator.getitem, (at, i)) for i in ((3, 1) if with_norm_out else (1, 2))]
+    picks = [g.call_function(operator.getitem, (at, i))
+             for i in ((3, 1) if with_norm_out else (1, 2))]
     g.output(tuple(picks))
     FixFunctionalizationPass()(g)
     calls = [n for n in g.nodes if n.op == "call_function"]
     assert [n.target for n in calls] == [op]
-    assert calls[0].args[:3] == (x, res, w) and calls[0].args[-1] == (out if with_norm_out else None)
+    assert calls[0].args[:3] == (x, res, w) and calls[0].args[-1] == (
+        out if with_norm_out else None)
     (output,) = g.find_nodes(op="output")
     assert output.args[0] == ((out, x) if with_norm_out else (x, res))

@@ -31,7 +31,8 @@ def _ranks_compile(root: str, warm: bool):
     out = {}
     with envs.override(VLLM_CACHE_ROOT=root, VLLM_DISABLE_COMPILE_CACHE="0"):
         before = compilation_counter.clone()
-        out["logits"] = build_model("llama", num_layers=2, compilation_config=config(), seed=5)(ids, pos)
+        out["logits"] = build_model("llama", num_layers=2, compilation_config=config(),
+                                    seed=5)(ids, pos)
         out["counters"] = dict(compilation_counter.since(before))
     if warm:
         return out
@@ -88,7 +89,8 @@ def test_a_warm_tp2_start_compiles_nothing_on_either_rank(runs):
     Inductor compile, on either rank; the logits are the cold start's, bit for bit."""
     _, cold, warm = runs
     for c, w in zip(cold, warm):
-        assert c["counters"]["num_aot_compiles"] == 1 and c["counters"]["num_aot_artifacts_saved"] == 1
+        assert (c["counters"]["num_aot_compiles"] == 1
+                and c["counters"]["num_aot_artifacts_saved"] == 1)
         assert c["counters"]["num_inductor_compiles"] > 0
         assert w["counters"]["num_aot_artifacts_loaded"] == 1
         assert w["counters"].get("num_inductor_compiles", 0) == 0
@@ -119,7 +121,9 @@ def test_the_range_gate_keeps_a_range_past_max_token_num_unfused(runs):
         logits, matches, code, endpoints = r["gated"]
         assert endpoints == [4] and matches == 3
         small, large = "\n".join(code["Range(1, 4)"]), "\n".join(code["Range(5, 16)"])
-        assert "flashinfer_trtllm_fused_allreduce_norm" in small and "minivllm.all_reduce" not in small
-        assert "flashinfer_trtllm_fused_allreduce_norm" not in large and "minivllm.all_reduce" in large
+        assert ("flashinfer_trtllm_fused_allreduce_norm" in small
+                and "minivllm.all_reduce" not in small)
+        assert ("flashinfer_trtllm_fused_allreduce_norm" not in large
+                and "minivllm.all_reduce" in large)
         for n in (TOKENS, 3):
             torch.testing.assert_close(logits[n], r["eager_1_layer"][n], atol=1e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
-"""Tracing once (seed §2-§4, §7, §8, §11, §13): one Dynamo trace, guards dropped, the bytecode hook."""
+"""Tracing once (seed §2-§4, §7, §8, §11, §13): one Dynamo trace, guards
+dropped, the bytecode hook."""
 
 import os
 from pathlib import Path
@@ -19,9 +20,9 @@ from minivllm_compile import (
     ignore_torch_compile,
     support_torch_compile,
 )
-from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, compile_model_with_stock_torch
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
+from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, compile_model_with_stock_torch
 
 ONCE = CompilationMode.DYNAMO_TRACE_ONCE
 
@@ -33,7 +34,8 @@ def hook_off(monkeypatch):
 
 @support_torch_compile
 class Branchy(nn.Module):
-    """Takes a different path above 4 tokens: what a guard would notice and we deliberately don't."""
+    """Takes a different path above 4 tokens: what a guard would notice and
+    we deliberately don't."""
 
     def __init__(self, *, compilation_config=None):
         super().__init__()
@@ -68,11 +70,13 @@ def test_one_trace_serves_every_num_tokens_with_inductor():
 
 
 def test_mark_dynamic_leaves_one_symint_for_num_tokens():
-    """dynamic=False, yet num_tokens is a SymInt: mark_dynamic overrides it for the marked dims (§7)."""
+    """dynamic=False, yet num_tokens is a SymInt: mark_dynamic overrides it
+    for the marked dims (§7)."""
     lm = build_model("llama", num_layers=1, compilation_config=cfg())
     lm(torch.arange(5), torch.arange(5))
     gm = lm.model.captured_graphs[0]
-    sym = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.SymInt)]
+    sym = [n for n in gm.graph.nodes if n.op == "placeholder"
+           and isinstance(n.meta.get("example_value"), torch.SymInt)]
     assert len(sym) == 2  # one size symbol each for input_ids and positions, nothing else
     ids = next(n for n in gm.graph.nodes if n.op == "placeholder" and "input_ids" in n.name)
     shape = ids.meta["example_value"].shape
@@ -88,7 +92,8 @@ def test_stock_recompiles_on_a_shape_branch_trace_once_does_not():
         stock = compile_model_with_stock_torch(stock_model, stock_cfg)
     x3 = torch.randn(3, 8)
     # vLLM passes STOCK's backend to torch.compile by name: none of its counters sees the traces
-    with compilation_counter.expect(num_graphs_seen=0, num_backend_compilations=0, num_inductor_compiles=0):
+    with compilation_counter.expect(num_graphs_seen=0, num_backend_compilations=0,
+                                    num_inductor_compiles=0):
         stock(torch.randn(8, 8))
         stock(x3)
     assert len(stock.backend.graphs) >= 2  # the guard on x.shape[0] failed: a new trace
@@ -142,7 +147,8 @@ def test_guards_all_dropped_by_default():
 
 
 def test_evaluate_guards_raises_on_an_unexpected_specialisation(hook_off):
-    m = Branchy(compilation_config=cfg(dynamic_shapes_config=DynamicShapesConfig(evaluate_guards=True)))
+    m = Branchy(compilation_config=cfg(
+        dynamic_shapes_config=DynamicShapesConfig(evaluate_guards=True)))
     m(torch.randn(8, 8))
     assert {r.guard_type for r in m.guard_table if r.kept} == {"SHAPE_ENV"}
     m(torch.randn(6, 8))  # same side of the branch: no recompile
@@ -169,7 +175,8 @@ def test_user_guard_filter_fn_is_overwritten_outside_stock():
     m = Branchy(compilation_config=cfg(inductor_compile_config={"guard_filter_fn": mine}))
     m(torch.randn(8, 8))
     assert calls == [] and not any(r.kept for r in m.guard_table)
-    stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE, inductor_compile_config={"guard_filter_fn": mine})
+    stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE,
+                    inductor_compile_config={"guard_filter_fn": mine})
     stock = compile_model_with_stock_torch(Branchy(compilation_config=stock_cfg), stock_cfg)
     stock(torch.randn(8, 8))
     assert len(calls) == 1 and calls[0] > 0
@@ -182,7 +189,8 @@ def test_traced_files_include_the_model_and_inlined_helpers():
     assert llama_module.__file__ in cc.traced_files  # the decorated forward
     assert layers_module.__file__ in cc.traced_files  # RMSNorm etc., inlined by Dynamo
     assert linear_module.__file__ in cc.traced_files  # the parallel linears' forward
-    assert torch.nn.modules.sparse.__file__ in cc.traced_files  # nn.Embedding's, through its subclass
+    # nn.Embedding's, through its subclass
+    assert torch.nn.modules.sparse.__file__ in cc.traced_files
 
 
 @pytest.mark.parametrize("ds_type", list(DynamicShapesType))
@@ -220,7 +228,8 @@ class Counting(nn.Module):
 
 def test_buffer_mutation_is_refused_and_the_line_named():
     # refused only under a CUDA-graph mode, as in vLLM (tests/test_cuda_graph.py: allowed without)
-    model = support_torch_compile(type("CountingModel", (Counting,), {}))(compilation_config=cfg(cudagraph_mode="FULL"))
+    model = support_torch_compile(type("CountingModel", (Counting,), {}))(
+        compilation_config=cfg(cudagraph_mode="FULL"))
     with pytest.raises(RuntimeError, match=r"test_tracing.py:\d+: self.calls = self.calls \+ 1"):
         model(torch.randn(4, 8))
 
@@ -248,7 +257,8 @@ def test_modes_none_and_ignore_do_not_compile():
         pass
 
     with compilation_counter.expect(num_models_seen=0, num_dynamo_traces=0):
-        for m in (Branchy(compilation_config=cfg(CompilationMode.NONE)), Ignored(compilation_config=cfg())):
+        for m in (Branchy(compilation_config=cfg(CompilationMode.NONE)),
+                  Ignored(compilation_config=cfg())):
             x = torch.randn(3, 8)
             torch.testing.assert_close(m(x), m.lin(x))  # eager: the real branch
             assert m.do_not_compile
@@ -277,7 +287,8 @@ def test_decorator_forms_and_their_errors():
     m(torch.randn(4, 6), 2)
     ph = [n for n in m.captured_graphs[0].graph.nodes if n.op == "placeholder"]
     x_shape = next(n for n in ph if "x" in n.name and n.meta.get("example_value") is not None
-                   and isinstance(n.meta["example_value"], torch.Tensor)).meta["example_value"].shape
+                   and isinstance(n.meta["example_value"],
+                                  torch.Tensor)).meta["example_value"].shape
     assert all(isinstance(s, torch.SymInt) for s in x_shape)  # both dims marked dynamic
     assert os.path.basename(__file__) in "".join(m.compilation_config.traced_files)
 
@@ -292,12 +303,15 @@ def test_lm_compiles_in_a_warmup_run_so_one_token_first_is_fine():
     lm = build_model("llama", num_layers=1, compilation_config=cfg())
     eager = build_model("llama", num_layers=1)
     with compilation_counter.expect(num_dynamo_traces=1):
-        torch.testing.assert_close(lm(torch.tensor([7]), torch.tensor([0])), eager(torch.tensor([7]), torch.tensor([0])))
-        torch.testing.assert_close(lm(torch.arange(9), torch.arange(9)), eager(torch.arange(9), torch.arange(9)))
+        torch.testing.assert_close(lm(torch.tensor([7]), torch.tensor([0])),
+                                   eager(torch.tensor([7]), torch.tensor([0])))
+        torch.testing.assert_close(lm(torch.arange(9), torch.arange(9)),
+                                   eager(torch.arange(9), torch.arange(9)))
 
 
 def test_a_refused_buffer_mutation_stays_refused():
-    model = support_torch_compile(type("CountingModel2", (Counting,), {}))(compilation_config=cfg(cudagraph_mode="FULL"))
+    model = support_torch_compile(type("CountingModel2", (Counting,), {}))(
+        compilation_config=cfg(cudagraph_mode="FULL"))
     for _ in range(2):
         with pytest.raises(RuntimeError, match="assigns a buffer"):
             model(torch.randn(4, 8))
@@ -314,7 +328,8 @@ def test_later_calls_the_trace_does_not_fit_are_refused_naming_the_fix():
     torch.testing.assert_close(m(x), eager)
     with pytest.raises(ValueError, match=r"not contiguous .*pass x.contiguous\(\)"):
         m(torch.randn(8, 6).t())
-    with pytest.raises(ValueError, match=r"sizes \['num_tokens', 8\], contiguous; this call passes torch.float32 on cpu, 2-D, sizes \[6, 9\]"):
+    with pytest.raises(ValueError, match=r"sizes \['num_tokens', 8\], contiguous; this call passes "
+                                         r"torch.float32 on cpu, 2-D, sizes \[6, 9\]"):
         m(torch.randn(6, 9))
     with pytest.raises(ValueError, match=r"pass x.to\(torch.float32\)"):
         m(x.double())
@@ -326,7 +341,8 @@ def test_the_lm_hands_its_compiled_decoder_what_it_was_traced_for():
     eager = build_model("llama", num_layers=1)
     ids = torch.arange(20)[::2]  # strided, int64
     torch.testing.assert_close(lm(ids, torch.arange(10)), eager(ids.contiguous(), torch.arange(10)))
-    torch.testing.assert_close(lm(ids.int(), torch.arange(10).int()), eager(ids.contiguous(), torch.arange(10)))
+    torch.testing.assert_close(lm(ids.int(), torch.arange(10).int()),
+                               eager(ids.contiguous(), torch.arange(10)))
 
 
 @support_torch_compile
@@ -353,7 +369,8 @@ def test_evaluate_guards_under_vllm_compile_lets_one_token_through(hook_off, mon
     x = torch.randn(1, 8)
     if mode == CompilationMode.VLLM_COMPILE:
         torch.testing.assert_close(m(x), m.forward(x))
-        branchy = Branchy(compilation_config=cfg(mode, dynamic_shapes_config=ds, max_num_batched_tokens=16))
+        branchy = Branchy(compilation_config=cfg(mode, dynamic_shapes_config=ds,
+                                                 max_num_batched_tokens=16))
         branchy(torch.randn(8, 8))
         with pytest.raises(RuntimeError, match="recompile"):
             branchy(torch.randn(3, 8))
@@ -378,9 +395,11 @@ def test_compilation_context_raises_the_cache_limits_only():
 def test_global_state_is_not_guarded_with_evaluate_guards(hook_off):
     """The one hook-off setting that keeps guards keeps SHAPE_ENV only: a changed thread count (part
     of GLOBAL_STATE) neither retraces nor trips fail_on_recompile."""
-    m = Branchy(compilation_config=cfg(dynamic_shapes_config=DynamicShapesConfig(evaluate_guards=True)))
+    m = Branchy(compilation_config=cfg(
+        dynamic_shapes_config=DynamicShapesConfig(evaluate_guards=True)))
     m(torch.randn(8, 8))
-    assert not any(r.kept for r in m.guard_table if r.guard_type in ("GLOBAL_STATE", "TORCH_FUNCTION_STATE"))
+    assert not any(r.kept for r in m.guard_table if r.guard_type in ("GLOBAL_STATE",
+                                                                     "TORCH_FUNCTION_STATE"))
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if threads > 1 else 2)
     try:
@@ -393,7 +412,8 @@ def test_global_state_is_not_guarded_with_evaluate_guards(hook_off):
 @pytest.mark.parametrize("aot", ["0", "1"])
 def test_torch_compile_disable_runs_the_model_eagerly(aot, tmp_path):
     """TORCH_COMPILE_DISABLE=1 is mode=NONE, as in vLLM (config/vllm.py): nothing traced or saved.
-    Before, the model was still traced under AOT, and with AOT off failed ("found no compiled frames")."""
+    Before, the model was still traced under AOT, and with AOT off failed
+    ("found no compiled frames")."""
     import subprocess
     import sys
 
@@ -412,7 +432,8 @@ print("eager", tuple(out.shape))
 """
     env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "VLLM_USE_AOT_COMPILE": aot,
            "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0"}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "eager (8, 258)" in r.stdout
     assert "TORCH_COMPILE_DISABLE is set" in r.stderr

@@ -11,13 +11,15 @@ AFTER = "a = f(x)\nb = h(a) & 1\nreturn b\n"
 
 def test_the_text_is_difflibs_unified_diff():
     d = unified_diff(BEFORE, AFTER, "before", "after", n=0)
-    expected = list(difflib.unified_diff(BEFORE.splitlines(), AFTER.splitlines(), "before", "after", n=0,
+    expected = list(difflib.unified_diff(BEFORE.splitlines(), AFTER.splitlines(),
+                                         "before", "after", n=0,
                                          lineterm=""))
     assert list(d.lines) == expected
     assert str(d) == repr(d) == "\n".join(expected)
     assert d.removed == ["b = g(a)  # <old>"] and d.added == ["b = h(a) & 1"]
     # lists of lines work too, and context lines come with n
-    assert unified_diff(BEFORE.splitlines(), AFTER.splitlines(), n=1).lines == unified_diff(BEFORE, AFTER, n=1).lines
+    assert unified_diff(BEFORE.splitlines(), AFTER.splitlines(),
+                        n=1).lines == unified_diff(BEFORE, AFTER, n=1).lines
     assert " a = f(x)" in unified_diff(BEFORE, AFTER, n=1).lines
 
 
@@ -27,11 +29,13 @@ def test_html_colours_removed_red_added_green_and_escapes():
     by_text = {text: style for style, text in spans}
     assert "#ffebe9" in by_text["-b = g(a)  # &lt;old&gt;"]  # red background, the text escaped
     assert "#e6ffec" in by_text["+b = h(a) &amp; 1"]  # green
-    assert "bold" in by_text["--- before"] and "#ffebe9" not in by_text["--- before"]  # a header, not a removal
+    # a header, not a removal
+    assert "bold" in by_text["--- before"] and "#ffebe9" not in by_text["--- before"]
     assert "#ddf4ff" in by_text["@@ -1,3 +1,3 @@"]
     assert by_text[" a = f(x)"] == "display:block"  # context: uncoloured
     assert len(spans) == len(unified_diff(BEFORE, AFTER, n=1).lines)  # one span per line
-    assert "<style" not in page and "class=" not in page  # inline styles only: they survive sanitizers
+    # inline styles only: they survive sanitizers
+    assert "<style" not in page and "class=" not in page
 
 
 def test_an_empty_diff_says_so():

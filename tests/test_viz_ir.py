@@ -38,7 +38,8 @@ def test_ir_nodes_lists_each_ir_call_with_its_overload_and_input_shape():
 
 
 def test_plot_step_times_draws_one_bar_per_label():
-    stats = {"native": {"median": 2.0, "min": 1.0, "max": 3.0}, "vllm_c": {"median": 4.0, "min": 3.5, "max": 5.0}}
+    stats = {"native": {"median": 2.0, "min": 1.0, "max": 3.0},
+             "vllm_c": {"median": 4.0, "min": 3.5, "max": 5.0}}
     fig = plot_step_times(stats, title="made up")
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["native", "vllm_c"]

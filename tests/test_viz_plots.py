@@ -58,13 +58,18 @@ def test_rewrite_boxes_and_arrows_before_and_after():
                        mutated={1: "input", 2: "residual"}, call="fused_add_rms_norm",
                        readers_after={1: ["mm"], 2: ["add_1", "mul"]})
     before, after = fig.axes
-    assert before.get_title() == "before: functional" and after.get_title() == "after FixFunctionalizationPass"
+    assert (before.get_title() == "before: functional"
+            and after.get_title() == "after FixFunctionalizationPass")
     assert _texts(before)[:3] == ["input=add", "residual=arg2", "weight=arg3"]
     assert "getitem_1 = [1]" in _texts(before) and "getitem_2 = [2]" in _texts(before)
     assert "fused_add_rms_norm\nwrites input, residual in place" in _texts(after)
     assert not any("getitem" in t for t in _texts(after))  # the getitems are gone
-    arrows = lambda ax: sum(isinstance(t, Annotation) for t in ax.texts)
-    # before: 3 args -> op, op -> 2 getitems, getitems -> 3 readers; after: 3 args -> call, 2 args -> 3 readers
+
+    def arrows(ax):
+        return sum(isinstance(t, Annotation) for t in ax.texts)
+
+    # before: 3 args -> op, op -> 2 getitems, getitems -> 3 readers; after: 3 args ->
+    # call, 2 args -> 3 readers
     assert arrows(before) == 3 + 2 + 3 and arrows(after) == 3 + 3
 
 
@@ -92,13 +97,15 @@ def test_dispatch_counts_a_missing_op_counts_zero():
 
 
 def test_timeline_rows_labels_and_colours():
-    spans = [("model.layers.0", 100, 600, 1), ("minivllm::rms_norm", 120, 300, 2), ("aten::mm", 130, 140, 3),
+    spans = [("model.layers.0", 100, 600, 1), ("minivllm::rms_norm", 120, 300, 2),
+             ("aten::mm", 130, 140, 3),
              ("aten::deep", 131, 132, 4), ("model.layers.1", 600, 1100, 1),
              ("minivllm::unified_attention_with_output", 650, 1000, 2)]
     fig = draw_timeline(spans, "eager")
     (ax,) = fig.axes
     assert len(_bars(ax)) == 5  # depth 4 is below the 3 rows
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["ranges", "ops in a range", "ops inside those"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["ranges", "ops in a range",
+                                                            "ops inside those"]
     assert {"layer 0", "layer 1", "norm", "attn"} <= set(_texts(ax))
     assert ax.get_title() == "eager" and ax.get_xlabel() == "ms since the step began"
     assert ax.get_xlim() == pytest.approx((0.1 - 0.04, 1.1 + 0.04))
@@ -128,7 +135,8 @@ def test_timeline_names():
 
 def test_conv_states_boxes_markers_and_legend():
     fig = draw_conv_states([{"title": "after prefill", "slots": [3, 4, 5, 0, 0], "window": (0, 3)},
-                            {"title": "after step 1", "slots": [4, 5, 6, 7, 99], "val": 2, "new": {2, 3, 4},
+                            {"title": "after step 1", "slots": [4, 5, 6, 7, 99], "val": 2,
+                             "new": {2, 3, 4},
                              "window": (1, 3), "window_colour": "green"}],
                            windows=[("black", "read by step 1"), ("green", "read by step 2")],
                            notes=[(1, 4, "rejected")])
@@ -136,7 +144,8 @@ def test_conv_states_boxes_markers_and_legend():
     boxes = [p for p in ax.patches if p.get_fill()]
     frames = [p for p in ax.patches if not p.get_fill()]
     assert len(boxes) == 10 and len(frames) == 2
-    assert sum(p.get_facecolor()[:3] == matplotlib.colors.to_rgb("#f6c85f") for p in boxes) == 3  # new tokens
+    # new tokens
+    assert sum(p.get_facecolor()[:3] == matplotlib.colors.to_rgb("#f6c85f") for p in boxes) == 3
     texts = _texts(ax)
     assert texts[:5] == ["t3", "t4", "t5", "0", "0"] and "t99" in texts
     assert {"after prefill", "after step 1", "VAL=2", "rejected"} <= set(texts)
@@ -147,7 +156,8 @@ def test_conv_states_boxes_markers_and_legend():
 
 def test_modes_two_panels():
     results = {"NONE": {"latency_s": {"decode": 0.002, "prefill": 0.004}, "first_call_s": 0.1},
-               "VLLM_COMPILE, AOT off": {"latency_s": {"decode": 0.001, "prefill": 0.002}, "first_call_s": 20.0}}
+               "VLLM_COMPILE, AOT off": {"latency_s": {"decode": 0.001, "prefill": 0.002},
+                                         "first_call_s": 20.0}}
     fig = plot_modes(results, title="tiny-llama")
     left, right = fig.axes
     assert len(_bars(left)) == 4 and len(_bars(right)) == 2
@@ -156,13 +166,15 @@ def test_modes_two_panels():
     assert _texts(right) == ["0.1 s", "20.0 s"]
     assert right.get_xlim()[1] == pytest.approx(25.0)
     assert fig._suptitle.get_text() == "tiny-llama"
-    assert [t.get_text() for t in left.get_legend().get_texts()] == ["decode: 4 seqs x 1 token", "prefill: 32 tokens"]
+    assert [t.get_text() for t in left.get_legend().get_texts()] == ["decode: 4 seqs x 1 token",
+                                                                     "prefill: 32 tokens"]
 
 
 def test_plot_startups_one_labelled_bar_per_start_in_order():
     from minivllm_compile.viz.plots import plot_startups
 
-    fig = plot_startups({"cold": 12.0, "aot_load": 1.0}, {"cold": "cold", "aot_load": "AOT load"}, title="t")
+    fig = plot_startups({"cold": 12.0, "aot_load": 1.0}, {"cold": "cold", "aot_load": "AOT load"},
+                        title="t")
     ax = fig.axes[0]
     assert [b.get_width() for b in ax.patches] == [12.0, 1.0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["cold", "AOT load"]

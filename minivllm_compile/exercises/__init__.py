@@ -49,7 +49,8 @@ TODO = ...  # what a starter cell leaves in place of an answer
 NOTEBOOKS = ("02", "03", "04", "05", "06", "07", "09", "13", "14", "15", "16", "17")
 REVEAL_AFTER = 2  # wrong tries of one exercise before check shows what the grader measured
 
-solutions_enabled = _bool("MINIVLLM_SOLUTIONS", False)  # 1/0, true/false, yes/no, on/off; else an error
+# 1/0, true/false, yes/no, on/off; else an error
+solutions_enabled = _bool("MINIVLLM_SOLUTIONS", False)
 
 
 class ExerciseFailed(AssertionError):
@@ -72,24 +73,29 @@ class Exercise:
     solution: Callable[[], Any]  # the reference answer (a value, or the function a student writes)
     wrong: Callable[[], Any]  # a typical wrong answer (tests/test_exercises.py)
     wrong_says: str  # a phrase the lesson on `wrong` contains
-    gives_away: str  # a phrase of `measured` on `wrong` that states the right value: never in the lesson
+    # a phrase of `measured` on `wrong` that states the right value: never in the lesson
+    gives_away: str
 
 
 _REGISTRY: dict[str, Exercise] = {}
 _wrong_tries: Counter = Counter()  # key -> wrong answers checked in this process
 
 
-def exercise(key: str, title: str, *, section: str, hint: str, deeper_hint: str, solution: Callable[[], Any],
+def exercise(key: str, title: str, *, section: str, hint: str, deeper_hint: str,
+             solution: Callable[[], Any],
              wrong: Callable[[], Any], wrong_says: str,
              gives_away: str) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
     """Register the decorated function as the grader of exercise `key`."""
 
     def register(grade: Callable[[Any], str]) -> Callable[[Any], str]:
         if key in _REGISTRY:
-            raise ValueError(f"exercise {key!r} is registered twice ({_REGISTRY[key].grade.__module__})")
+            raise ValueError(f"exercise {key!r} is registered twice "
+                             f"({_REGISTRY[key].grade.__module__})")
         if key[:2] not in NOTEBOOKS or not grade.__module__.endswith(f".nb{key[:2]}"):
-            raise ValueError(f"exercise {key!r} belongs in minivllm_compile/exercises/nb{key[:2]}.py")
-        _REGISTRY[key] = Exercise(key, title, section, hint, deeper_hint, grade, solution, wrong, wrong_says,
+            raise ValueError(f"exercise {key!r} belongs in "
+                             f"minivllm_compile/exercises/nb{key[:2]}.py")
+        _REGISTRY[key] = Exercise(key, title, section, hint, deeper_hint, grade, solution,
+                                  wrong, wrong_says,
                                   gives_away)
         return grade
 
@@ -104,13 +110,14 @@ def measured_once(fn: Callable) -> Callable:
 
 def get(key: str) -> Exercise:
     if not isinstance(key, str):
-        raise TypeError(f"an exercise is named by its key, a string 'NN.k' (notebook NN, exercise k) such "
-                        f"as '02.1', as the notebook's cell passes it; got {key!r}")
+        raise TypeError("an exercise is named by its key, a string 'NN.k' (notebook NN, exercise "
+                        f"k) such as '02.1', as the notebook's cell passes it; got {key!r}")
     if key[:2] in NOTEBOOKS:
         importlib.import_module(f"{__name__}.nb{key[:2]}")  # registers that notebook's exercises
     if key not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY)) or "none loaded"
-        raise KeyError(f"no exercise {key!r}; exercises are keyed 'NN.k' by notebook (known: {known})")
+        raise KeyError(f"no exercise {key!r}; exercises are keyed 'NN.k' by "
+                       f"notebook (known: {known})")
     return _REGISTRY[key]
 
 
@@ -144,7 +151,8 @@ def check(key: str, answer: Any = TODO, *, reveal: bool = False) -> None:
     if solutions_enabled():
         answer = ex.solution()
     elif answer is TODO:
-        print(f"{head} not attempted yet.\nHint: {ex.hint}\n(exercises.hint({key!r}) gives a deeper one.)")
+        print(f"{head} not attempted yet.\nHint: "
+              f"{ex.hint}\n(exercises.hint({key!r}) gives a deeper one.)")
         return
     try:
         with quiet():
@@ -152,15 +160,16 @@ def check(key: str, answer: Any = TODO, *, reveal: bool = False) -> None:
     except NotImplementedError:
         if solutions_enabled():
             raise
-        print(f"{head} not attempted yet (your function still raises NotImplementedError).\nHint: {ex.hint}\n"
-              f"(exercises.hint({key!r}) gives a deeper one.)")
+        print(f"{head} not attempted yet (your function still raises NotImplementedError).\nHint: "
+              f"{ex.hint}\n(exercises.hint({key!r}) gives a deeper one.)")
         return
     except ExerciseFailed as failed:
         if solutions_enabled():  # the reference solution must pass: a broken grader is an error
             raise
         print(_wrong(ex, failed, reveal))
         return
-    whose = "the reference solution (MINIVLLM_SOLUTIONS=1)" if solutions_enabled() else "your answer"
+    whose = ("the reference solution (MINIVLLM_SOLUTIONS=1)" if solutions_enabled()
+             else "your answer")
     print(f"{head} {whose} is right. {said}")
 
 
@@ -172,15 +181,16 @@ def _wrong(ex: Exercise, failed: ExerciseFailed, reveal: bool) -> str:
     if failed.measured and (reveal or tries >= REVEAL_AFTER):
         lines.append(f"What the grader measured: {failed.measured}")
     elif failed.measured:
-        lines.append(f"(After {REVEAL_AFTER} wrong tries, or with exercises.check({ex.key!r}, answer, "
-                     "reveal=True), this also shows what the grader measured.)")
+        lines.append(f"(After {REVEAL_AFTER} wrong tries, or with exercises.check({ex.key!r}, "
+                     "answer, reveal=True), this also shows what the grader measured.)")
     return "\n".join(lines)
 
 
 def hint(key: str) -> None:
     """Print exercise `key`'s second, deeper hint."""
     ex = get(key)
-    print(f"exercise {key}, {ex.title}, a deeper hint (then reread {ex.section}):\n{ex.deeper_hint}")
+    print(f"exercise {key}, {ex.title}, a deeper hint (then reread "
+          f"{ex.section}):\n{ex.deeper_hint}")
 
 
 def solution_source(key: str) -> str:

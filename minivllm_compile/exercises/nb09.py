@@ -1,7 +1,7 @@
 """Notebook 09's exercises: which factor of the compile cache's key a change moves (computed with
-cache_keys.backend_cache_key and cache_keys.aot_cache_key on real models and configs), and what a cold
-start, a warm start and a warm start without the mega artifact do (counted on real compiles into
-a fresh cache)."""
+cache_keys.backend_cache_key and cache_keys.aot_cache_key on real models and configs), and what a
+cold start, a warm start and a warm start without the mega artifact do (counted on real compiles
+into a fresh cache)."""
 
 from __future__ import annotations
 
@@ -34,58 +34,70 @@ def user_pass_edited(graph: torch.fx.Graph) -> None:
 # label -> why that change moves the factor it moves (or none): the grader computes which one it is
 CHANGES: dict[str, str] = {
     "compile_sizes=[4, 8]":
-        "a CompilationConfig field that changes what is compiled: CompilationConfig.compute_hash covers it",
+        "a CompilationConfig field that changes what is compiled: "
+        "CompilationConfig.compute_hash covers it",
     "cudagraph_mode='PIECEWISE'":
-        "the CUDA-graph fields are in CompilationConfig.HASH_EXCLUDED: they wrap the compiled pieces at load or "
-        "compile time without changing them, so one artifact serves every cudagraph_mode",
+        "the CUDA-graph fields are in CompilationConfig.HASH_EXCLUDED: they wrap the "
+        "compiled pieces at load or compile time without changing them, so one artifact "
+        "serves every cudagraph_mode",
     "rms_norm_eps 1e-05 -> 1e-06 in config.json":
-        "the eps is a plain float an RMSNorm holds; Dynamo bakes it into the graph as a constant, so the key "
-        "hashes every plain value of the module tree (cache_keys.model_constants) as 'constants'",
+        "the eps is a plain float an RMSNorm holds; Dynamo bakes it into the graph as a "
+        "constant, so the key hashes every plain value of the module tree "
+        "(cache_keys.model_constants) as 'constants'",
     "other weights, same shapes (a fine-tuned checkpoint)":
-        "weights are graph inputs: their names, shapes, dtypes and devices are in 'model', their values in no "
-        "factor, so a fine-tuned checkpoint of the same architecture loads the same kernels",
+        "weights are graph inputs: their names, shapes, dtypes and devices are in "
+        "'model', their values in no factor, so a fine-tuned checkpoint of the same "
+        "architecture loads the same kernels",
     "a comment added to models/llama.py":
-        "every file Dynamo traced is hashed by content in 'traced_files', a comment too; that factor is only in "
-        "the backend key (the AOT key is computed before Dynamo runs, so the AOT load compares the traced "
-        "sources itself, aot._verify_source_unchanged)",
+        "every file Dynamo traced is hashed by content in 'traced_files', a comment too; that "
+        "factor is only in the backend key (the AOT key is computed before Dynamo runs, so the AOT "
+        "load compares the traced sources itself, aot._verify_source_unchanged)",
     "the model built under set_model_tag('draft')":
-        "the tag names which compiled part of a model this is, and gets its own folder <hash>/rank_0_0/<tag> "
-        "(rank_{rank}_{dp_rank} is the process's rank: rank_0_0 in one process)",
+        "the tag names which compiled part of a model this is, and gets its own "
+        "folder <hash>/rank_0_0/<tag> (rank_{rank}_{dp_rank} is the process's rank: rank_0_0 in "
+        "one process)",
     "one line of the user's post-grad pass edited":
-        "a user pass is keyed by its uuid (the hash of its source) in 'passes'; the config's hash leaves "
-        "post_grad_custom_post_pass out (a function's repr carries its address, new in every process)",
+        "a user pass is keyed by its uuid (the hash of its source) in 'passes'; the "
+        "config's hash leaves post_grad_custom_post_pass out (a function's repr carries "
+        "its address, new in every process)",
     "torch._inductor.config.max_autotune = True in this process":
         "Inductor's own settings in this process (not the config's inductor_compile_config) are "
         "'inductor_config'",
     "the first call passes input_ids as int32":
-        "the first call's tensors' dtypes, devices, static sizes and contiguity are 'inputs': with the guards "
-        "dropped they are baked into the compiled code",
+        "the first call's tensors' dtypes, devices, static sizes and contiguity are 'inputs': with "
+        "the guards dropped they are baked into the compiled code",
 }
 
 # label -> what to look at when the factor named for it is wrong (a question, not the factor)
 QUESTIONS: dict[str, str] = {
-    "compile_sizes=[4, 8]": "Does it change what is compiled? Then find which factor hashes CompilationConfig's "
-                            "fields (CompilationConfig.compute_hash).",
-    "cudagraph_mode='PIECEWISE'": "Is every CompilationConfig field hashed? Read CompilationConfig.HASH_EXCLUDED, "
-                                  "and ask whether wrapping the compiled pieces in CUDA graphs changes the pieces.",
-    "rms_norm_eps 1e-05 -> 1e-06 in config.json": "The eps is a plain float an RMSNorm holds: is it a graph input "
-                                                  "(a tensor) or a value Dynamo bakes into the graph? Which factor "
-                                                  "hashes the module tree's plain values (cache_keys.model_constants)?",
-    "other weights, same shapes (a fine-tuned checkpoint)": "Weights are graph inputs: which of their properties "
-                                                            "are hashed, and are their values among them?",
-    "a comment added to models/llama.py": "Which factor hashes the files Dynamo traced, and by what: their text, "
-                                          "or the code it compiles to?",
-    "the model built under set_model_tag('draft')": "set_model_tag names which compiled part of a model this is: "
-                                                    "where does the tag go (§2's tree)?",
-    "one line of the user's post-grad pass edited": "How is a user's pass keyed: by its repr (an address, new in "
-                                                    "every process) or by its uuid, the hash of its source? Which "
+    "compile_sizes=[4, 8]": "Does it change what is compiled? Then find which factor hashes "
+                            "CompilationConfig's fields (CompilationConfig.compute_hash).",
+    "cudagraph_mode='PIECEWISE'": "Is every CompilationConfig field hashed? Read "
+                                  "CompilationConfig.HASH_EXCLUDED, and ask whether wrapping the "
+                                  "compiled pieces in CUDA graphs changes the pieces.",
+    "rms_norm_eps 1e-05 -> 1e-06 in config.json": "The eps is a plain float an RMSNorm holds: is "
+                                                  "it a graph input (a tensor) or a value Dynamo "
+                                                  "bakes into the graph? Which factor hashes the "
+                                                  "module tree's plain values "
+                                                  "(cache_keys.model_constants)?",
+    "other weights, same shapes (a fine-tuned checkpoint)": "Weights are graph inputs: which of "
+                                                            "their properties are hashed, and "
+                                                            "are their values among them?",
+    "a comment added to models/llama.py": "Which factor hashes the files Dynamo traced, and by "
+                                          "what: their text, or the code it compiles to?",
+    "the model built under set_model_tag('draft')": "set_model_tag names which compiled part of a "
+                                                    "model this is: where does the tag go (§2's "
+                                                    "tree)?",
+    "one line of the user's post-grad pass edited": "How is a user's pass keyed: by its repr "
+                                                    "(an address, new in every process) or by "
+                                                    "its uuid, the hash of its source? Which "
                                                     "factor holds the passes' uuids?",
-    "torch._inductor.config.max_autotune = True in this process": "Inductor's own settings in this process are "
-                                                                  "not the config's inductor_compile_config: which "
-                                                                  "factor hashes torch._inductor.config?",
-    "the first call passes input_ids as int32": "With the guards dropped, the first call's dtypes, devices, static "
-                                                "sizes and contiguity are baked into the compiled code: which "
-                                                "factor holds them?",
+    "torch._inductor.config.max_autotune = True in this process":
+        "Inductor's own settings in this process are not the config's inductor_compile_config: "
+        "which factor hashes torch._inductor.config?",
+    "the first call passes input_ids as int32": "With the guards dropped, the first call's dtypes, "
+                                                "devices, static sizes and contiguity are baked "
+                                                "into the compiled code: which factor holds them?",
 }
 
 _KEY_SOLUTION = {
@@ -121,16 +133,20 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
         checkpoint = tmp / "tiny-llama"  # a copy whose config.json can be edited
         checkpoint.mkdir()
         shutil.copy(CHECKPOINTS / "tiny-llama" / "config.json", checkpoint / "config.json")
-        (checkpoint / "model.safetensors").symlink_to(CHECKPOINTS / "tiny-llama" / "model.safetensors")
-        traced = tmp / "llama.py"  # stands in for the traced models/llama.py: the package stays untouched
+        (checkpoint / "model.safetensors").symlink_to(CHECKPOINTS / "tiny-llama"
+                                                      / "model.safetensors")
+        # stands in for the traced models/llama.py: the package stays untouched
+        traced = tmp / "llama.py"
         source = Path(llama_module.__file__).read_text()
         traced.write_text(source)
         ids = torch.arange(7)
 
-        def keys(lm: Any, cc: CompilationConfig | None = None, first_ids: torch.Tensor = ids) -> tuple[dict, str]:
+        def keys(lm: Any, cc: CompilationConfig | None = None,
+                 first_ids: torch.Tensor = ids) -> tuple[dict, str]:
             cc = cc or config()
             cc.traced_files = {str(traced)}  # what the decorator records during the trace
-            spec = input_spec(lm.model, (first_ids, torch.arange(7)), {}, {"input_ids": 0, "positions": 0}, None)
+            spec = input_spec(lm.model, (first_ids, torch.arange(7)), {},
+                              {"input_ids": 0, "positions": 0}, None)
             factors_of_model = cache_keys.model_factors(lm.model, spec)
             _, factors = cache_keys.backend_cache_key(cc, "cpu", factors_of_model)
             return factors, cache_keys.aot_cache_key(lm.model, cc, factors_of_model)[0]
@@ -139,7 +155,8 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
         base_factors, base_aot = keys(base)
         variants: dict[str, Callable[[], tuple[dict, str]]] = {}
         variants["compile_sizes=[4, 8]"] = lambda: keys(base, config(compile_sizes=[4, 8]))
-        variants["cudagraph_mode='PIECEWISE'"] = lambda: keys(base, config(cudagraph_mode="PIECEWISE"))
+        variants["cudagraph_mode='PIECEWISE'"] = lambda: keys(base,
+                                                              config(cudagraph_mode="PIECEWISE"))
 
         def eps() -> tuple[dict, str]:
             original = (checkpoint / "config.json").read_text()
@@ -180,11 +197,13 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
         variants["one line of the user's post-grad pass edited"] = lambda: keys(
             base, config(inductor_compile_config={"post_grad_custom_post_pass": user_pass_edited}))
         variants["torch._inductor.config.max_autotune = True in this process"] = inductor
-        variants["the first call passes input_ids as int32"] = lambda: keys(base, first_ids=ids.to(torch.int32))
+        variants["the first call passes input_ids as int32"] = lambda: keys(
+            base, first_ids=ids.to(torch.int32))
         truth = {}
         for label, make in variants.items():
             factors, aot = make()
-            truth[label] = (sorted(k for k in base_factors if factors[k] != base_factors[k]), aot != base_aot)
+            truth[label] = (sorted(k for k in base_factors if factors[k] != base_factors[k]),
+                            aot != base_aot)
         return {label: truth[label] for label in CHANGES}, set(base_factors)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -197,22 +216,24 @@ def _factor_of(value: Any, label: str, known: set[str]) -> str | None:
         value = next(iter(value))
     if isinstance(value, str) and value.strip() in known:
         return value.strip()
-    raise ExerciseFailed(f"{label!r}: give the name of one factor, one of {sorted(known)}, or None for 'the key "
-                         f"stays the same'; got {value!r}")
+    raise ExerciseFailed(f"{label!r}: give the name of one factor, one of {sorted(known)}, or None "
+                         f"for 'the key stays the same'; got {value!r}")
 
 
 def _grade_keys(answer: Any) -> str:
     if not isinstance(answer, dict):
         raise ExerciseFailed(f"give a dict {{change: factor or None}} with one entry per change in "
                              f"nb09.CHANGES; got {type(answer).__name__}")
-    missing, unknown = [c for c in CHANGES if c not in answer], [c for c in answer if c not in CHANGES]
+    missing, unknown = [c for c in CHANGES if c not in answer], [c for c in answer
+                                                                 if c not in CHANGES]
     if missing or unknown:
-        raise ExerciseFailed(f"answer one entry per change, labelled as in nb09.CHANGES: missing {missing}, "
-                             f"not a change of this exercise {unknown}")
+        raise ExerciseFailed("answer one entry per change, labelled as in nb09.CHANGES: missing "
+                             f"{missing}, not a change of this exercise {unknown}")
     from minivllm_compile import CompilationConfig, cache_keys
 
     # the factor names, as cache_key_factors.json lists them
-    known = set(cache_keys.backend_cache_key(CompilationConfig(), "cpu", cache_keys.model_factors(torch.nn.Module()))[1])
+    known = set(cache_keys.backend_cache_key(CompilationConfig(), "cpu",
+                                             cache_keys.model_factors(torch.nn.Module()))[1])
     said = {label: _factor_of(answer[label], label, known) for label in CHANGES}
     truth, names = _key_truth()
     assert names == known, (names, known)
@@ -220,7 +241,8 @@ def _grade_keys(answer: Any) -> str:
     for label, why in CHANGES.items():
         said_factor = said[label]
         moved, _ = truth[label]
-        assert len(moved) <= 1, (label, moved)  # each change of this exercise moves one factor or none
+        # each change of this exercise moves one factor or none
+        assert len(moved) <= 1, (label, moved)
         real = moved[0] if moved else None
         if said_factor == real:
             continue
@@ -228,27 +250,30 @@ def _grade_keys(answer: Any) -> str:
         did = f"it moves '{real}'" if real else "the key stays the same"
         measured.append(f"{label}: {did} ({why})")
     if problems:
-        raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed with cache_keys.backend_cache_key; "
-                             "notebook 09 §4 and §8, the factor table):\n  - " + "\n  - ".join(problems),
+        raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed "
+                             "with cache_keys.backend_cache_key; notebook 09 §4 and "
+                             "§8, the factor table):\n  - " + "\n  - ".join(problems),
                              measured="; ".join(measured))
     new_key = [label for label, (moved, _) in truth.items() if moved]
     aot_blind = [label for label in new_key if not truth[label][1]]
     assert aot_blind == ["a comment added to models/llama.py"], aot_blind
-    return (f"{len(new_key)} of the {len(CHANGES)} changes give a new backend key, each through one factor; the "
-            f"AOT key moves for all of them but one, {aot_blind[0]!r}: it is computed before Dynamo runs, so it "
-            "cannot know the traced files, and the AOT load checks their sources instead (aot._verify_source_unchanged).")
+    return (f"{len(new_key)} of the {len(CHANGES)} changes give a new backend key, each through "
+            f"one factor; the AOT key moves for all of them but one, {aot_blind[0]!r}: it is "
+            "computed before Dynamo runs, so it cannot know the traced files, and the AOT load "
+            "checks their sources instead (aot._verify_source_unchanged).")
 
 
-@exercise("09.1", "which factor of the cache key covers each change", section="notebook 09 §3, §4 and §8 "
-          "(the keys, what invalidates them, what they cover)",
-          hint="read what each factor hashes in section 8's table, and CompilationConfig.HASH_EXCLUDED for the "
-               "config fields left out; tell a tensor's shape from its values, and both from a plain Python "
-               "value a module holds",
-          deeper_hint="For each change ask two questions. Does it change the code Inductor would generate? If "
-                      "not (something only wraps the compiled pieces, or only the numbers in a tensor), the key "
-                      "should stay the same. If it does, where does the change live: in the config object, in "
-                      "the model's plain values, in a traced file's text, in a pass's source, in Inductor's "
-                      "process-wide settings, in the first call's tensors, or in the folder name? Each place is "
+@exercise("09.1", "which factor of the cache key covers each change", section="notebook 09 §3, §4 "
+          "and §8 (the keys, what invalidates them, what they cover)",
+          hint="read what each factor hashes in section 8's table, and "
+               "CompilationConfig.HASH_EXCLUDED for the config fields left out; tell a tensor's "
+               "shape from its values, and both from a plain Python value a module holds",
+          deeper_hint="For each change ask two questions. Does it change the code Inductor would "
+                      "generate? If not (something only wraps the compiled pieces, or only the "
+                      "numbers in a tensor), the key should stay the same. If it does, where does "
+                      "the change live: in the config object, in the model's plain values, in a "
+                      "traced file's text, in a pass's source, in Inductor's process-wide "
+                      "settings, in the first call's tensors, or in the folder name? Each place is "
                       "one factor: cache_keys.py's docstring lists what each one hashes.",
           solution=lambda: dict(_KEY_SOLUTION),
           wrong=lambda: {**_KEY_SOLUTION, "cudagraph_mode='PIECEWISE'": "config",
@@ -263,7 +288,8 @@ def grade_keys(answer: Any) -> str:
 # 09.2: cold, warm, and warm without the mega artifact
 
 STARTS = ("cold", "warm", "warm_non_mega")
-COUNTERS = ("num_graphs_seen", "num_backend_compilations", "num_inductor_compiles", "num_aot_artifacts_loaded",
+COUNTERS = ("num_graphs_seen", "num_backend_compilations", "num_inductor_compiles",
+            "num_aot_artifacts_loaded",
             "num_compiled_artifacts_loaded")
 LAYERS, SIZES, MAX_TOKENS = 1, [], 16
 
@@ -288,7 +314,8 @@ def _starts_truth() -> tuple[dict[str, dict[str, int]], dict[str, Any]]:
     root = tempfile.mkdtemp(prefix="minivllm_ex09_cache_")
     try:
         with env(VLLM_CACHE_ROOT=root, VLLM_DISABLE_COMPILE_CACHE="0", VLLM_FORCE_AOT_LOAD=None,
-                  VLLM_USE_AOT_COMPILE=None, VLLM_USE_MEGA_AOT_ARTIFACT=None, VLLM_USE_STANDALONE_COMPILE=None):
+                  VLLM_USE_AOT_COMPILE=None, VLLM_USE_MEGA_AOT_ARTIFACT=None,
+                 VLLM_USE_STANDALONE_COMPILE=None):
             cold_lm = model()
             truth = {"cold": first_call(cold_lm), "warm": first_call(model())}
             with env(VLLM_USE_MEGA_AOT_ARTIFACT="0"):
@@ -307,69 +334,79 @@ def _grade_starts(answer: Any) -> str:
     if not isinstance(answer, dict) or set(answer) != set(STARTS) or not all(
             isinstance(answer[s], dict) and set(answer[s]) == set(COUNTERS)
             and all(isinstance(v, int) for v in answer[s].values()) for s in STARTS):
-        raise ExerciseFailed(f"give {{start: {{counter: int}}}} for the starts {list(STARTS)} and, in each, the "
-                             f"counters {list(COUNTERS)}; got {answer!r}")
+        raise ExerciseFailed(f"give {{start: {{counter: int}}}} for the starts {list(STARTS)} and, "
+                             f"in each, the counters {list(COUNTERS)}; got {answer!r}")
     truth, shape = _starts_truth()
     n = shape["compiled"] * shape["entries"]
     why = {
-        "cold": (f"nothing to load: Dynamo traces once, the graph splits into {shape['pieces']} pieces of which "
-                 f"{shape['compiled']} are compiled (the attention pieces run eagerly), each for its entries "
-                 f"{shape['entry_names']} (compile_sizes={SIZES}, one entry per size and per range): {n} backend "
-                 f"compilations, {n} Inductor compiles; the AOT file is saved, nothing loaded"),
-        "warm": (f"the mega AOT file holds the stitching graph and all {n} pieces' artifacts: one AOT load, {n} "
-                 "artifacts rebuilt from it, and no Dynamo graph, no backend, no Inductor compile"),
-        "warm_non_mega": (f"without the mega artifact the AOT file holds the Dynamo graph: the load runs VllmBackend "
-                          f"on it (1 graph seen), every piece and entry goes through CompilerManager.compile ({n} "
-                          f"backend compilations), which finds each in its index (vllm_compile_cache.py) and loads "
-                          f"it ({n} artifacts loaded, 0 Inductor compiles)"),
+        "cold": (f"nothing to load: Dynamo traces once, the graph splits into {shape['pieces']} "
+                 f"pieces of which {shape['compiled']} are compiled (the attention pieces run "
+                 f"eagerly), each for its entries {shape['entry_names']} (compile_sizes={SIZES}, "
+                 f"one entry per size and per range): {n} backend compilations, {n} Inductor "
+                 "compiles; the AOT file is saved, nothing loaded"),
+        "warm": (f"the mega AOT file holds the stitching graph and all {n} pieces' artifacts: "
+                 f"one AOT load, {n} artifacts rebuilt from it, and no Dynamo graph, no "
+                 "backend, no Inductor compile"),
+        "warm_non_mega": ("without the mega artifact the AOT file holds the Dynamo graph: the load "
+                          "runs VllmBackend on it (1 graph seen), every piece and entry goes "
+                          f"through CompilerManager.compile ({n} backend compilations), which "
+                          f"finds each in its index (vllm_compile_cache.py) and loads it ({n} "
+                          "artifacts loaded, 0 Inductor compiles)"),
     }
     questions = {
-        "cold": "Nothing is on disk yet: how many pieces are compiled, for how many entries each (one per size, "
-                "one per range)? What is saved, what is loaded?",
-        "warm": "With the mega artifact on (the default from torch 2.12), what does the AOT file hold, and does "
-                "the load run Dynamo, the backend or Inductor? (§1, §2)",
-        "warm_non_mega": "Without the mega artifact the AOT file holds the Dynamo graph: what runs on it at the "
-                         "load, and what does CompilerManager.compile then find in the index for each piece and "
-                         "entry? (§2, 'Without the mega artifact')",
+        "cold": "Nothing is on disk yet: how many pieces are compiled, for how many entries each "
+                "(one per size, one per range)? What is saved, what is loaded?",
+        "warm": "With the mega artifact on (the default from torch 2.12), what does the AOT file "
+                "hold, and does the load run Dynamo, the backend or Inductor? (§1, §2)",
+        "warm_non_mega": "Without the mega artifact the AOT file holds the Dynamo graph: what runs "
+                         "on it at the load, and what does CompilerManager.compile then find in "
+                         "the index for each piece and entry? (§2, 'Without the mega artifact')",
     }
     problems, measured = [], []
     for s in STARTS:
         wrong = [c for c in COUNTERS if answer[s][c] != truth[s][c]]
         if wrong:
             problems.append(f"{s}: {', '.join(wrong)} wrong. {questions[s]}")
-            measured.append(f"{s}: " + ", ".join(f"{c} {truth[s][c]}" for c in COUNTERS) + f" ({why[s]})")
+            measured.append(f"{s}: " + ", ".join(f"{c} {truth[s][c]}" for c in COUNTERS)
+                            + f" ({why[s]})")
     if problems:
-        raise ExerciseFailed("the counters of the four first calls into a fresh cache say otherwise (notebook 09 "
-                             "§1 and §2):\n  - " + "\n  - ".join(problems), measured="; ".join(measured))
-    return (f"Cold: {n} compiles ({shape['compiled']} compiled pieces x {shape['entries']} entry per piece, "
-            f"{shape['entry_names']}); warm: one AOT "
-            f"load and {n} artifacts, nothing traced; warm without the mega artifact: the backend runs again on "
-            f"the saved graph and loads the same {n} artifacts through its index, compiling none.")
+        raise ExerciseFailed("the counters of the four first calls into a fresh cache say "
+                             "otherwise (notebook 09 §1 and §2):\n  "
+                             "- " + "\n  - ".join(problems), measured="; ".join(measured))
+    return (f"Cold: {n} compiles ({shape['compiled']} compiled pieces x {shape['entries']} entry "
+            f"per piece, {shape['entry_names']}); warm: one AOT load and {n} artifacts, nothing "
+            "traced; warm without the mega artifact: the backend runs again on the saved graph and "
+            f"loads the same {n} artifacts through its index, compiling none.")
 
 
 def _starts_solution() -> dict[str, dict[str, int]]:
-    return {"cold": {"num_graphs_seen": 1, "num_backend_compilations": 2, "num_inductor_compiles": 2,
+    return {"cold": {"num_graphs_seen": 1, "num_backend_compilations": 2,
+                     "num_inductor_compiles": 2,
                      "num_aot_artifacts_loaded": 0, "num_compiled_artifacts_loaded": 0},
-            "warm": {"num_graphs_seen": 0, "num_backend_compilations": 0, "num_inductor_compiles": 0,
+            "warm": {"num_graphs_seen": 0, "num_backend_compilations": 0,
+                     "num_inductor_compiles": 0,
                      "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2},
-            "warm_non_mega": {"num_graphs_seen": 1, "num_backend_compilations": 2, "num_inductor_compiles": 0,
+            "warm_non_mega": {"num_graphs_seen": 1, "num_backend_compilations": 2,
+                              "num_inductor_compiles": 0,
                               "num_aot_artifacts_loaded": 1, "num_compiled_artifacts_loaded": 2}}
 
 
-@exercise("09.2", "cold, warm, and warm without the mega artifact", section="notebook 09 §1 and §2 (cold, warm "
-          "and AOT-load starts; what is on disk)",
-          hint="count the compiled pieces and the entries per piece first; then read §2 for what the AOT file "
-               "holds with and without the mega artifact, and what a load runs",
-          deeper_hint="Cold: one trace, one split, then one backend compilation (and one Inductor compile) per "
-                      "compiled piece and entry. Warm: open §2's tree and the cell that lists the AOT file's "
-                      "contents: if the artifacts are inside it, what is left for Dynamo, the backend or Inductor "
-                      "to do? Warm without the mega artifact: the file holds a graph, not kernels: the backend "
-                      "must run on that graph, and for each piece it asks CompilerManager, which looks in its "
-                      "index before it compiles.",
+@exercise("09.2", "cold, warm, and warm without the mega artifact", section="notebook 09 §1 and §2 "
+          "(cold, warm and AOT-load starts; what is on disk)",
+          hint="count the compiled pieces and the entries per piece first; then read §2 for what "
+               "the AOT file holds with and without the mega artifact, and what a load runs",
+          deeper_hint="Cold: one trace, one split, then one backend compilation (and one "
+                      "Inductor compile) per compiled piece and entry. Warm: open §2's tree and "
+                      "the cell that lists the AOT file's contents: if the artifacts are inside "
+                      "it, what is left for Dynamo, the backend or Inductor to do? Warm without "
+                      "the mega artifact: the file holds a graph, not kernels: the backend must "
+                      "run on that graph, and for each piece it asks CompilerManager, which "
+                      "looks in its index before it compiles.",
           solution=_starts_solution,
           # the non-mega load taken for a mega one: no backend run
           wrong=lambda: {**_starts_solution(), "warm_non_mega": {
-              **_starts_solution()["warm_non_mega"], "num_graphs_seen": 0, "num_backend_compilations": 0}},
+              **_starts_solution()["warm_non_mega"], "num_graphs_seen": 0,
+              "num_backend_compilations": 0}},
           wrong_says="holds the Dynamo graph",
           gives_away="warm_non_mega: num_graphs_seen 1")
 def grade_starts(answer: Any) -> str:

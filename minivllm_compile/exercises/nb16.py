@@ -67,7 +67,8 @@ def _tp2_run() -> tuple[list[dict[str, Any]], list[str]]:
             from minivllm_compile.cache_files import cache_root
 
             top = cache_root()
-        hashes = sorted(p.name for p in top.iterdir() if p.is_dir() and p.name != "torch_aot_compile")
+        hashes = sorted(p.name for p in top.iterdir() if p.is_dir()
+                        and p.name != "torch_aot_compile")
         folders = sorted({f"<hash>/{p.parent.name}/{p.name}" for h in hashes
                           for p in (top / h).glob("*/*") if p.is_dir()})
         return ranks, [f"hashes={len(hashes)}", *folders]
@@ -140,9 +141,9 @@ def _grade_folders(answer: Any) -> str:
             or not isinstance(answer["hashes"], int) \
             or not isinstance(answer["folders"], (set, frozenset, list, tuple)) \
             or not all(isinstance(f, str) for f in answer["folders"]):
-        raise ExerciseFailed("give {'hashes': int, 'folders': {'<hash>/<rank folder>/<tag>', ...}}: "
-                             "how many hash folders the run makes, and the folders below them, "
-                             f"each hash written as '<hash>'; got {answer!r}")
+        raise ExerciseFailed("give {'hashes': int, 'folders': {'<hash>/<rank folder>/<tag>', "
+                             "...}}: how many hash folders the run makes, and the folders below "
+                             f"them, each hash written as '<hash>'; got {answer!r}")
     _, listing = _tp2_run()
     hashes, folders = int(listing[0].removeprefix("hashes=")), set(listing[1:])
     said = {f.strip("/") for f in answer["folders"]}
@@ -168,10 +169,11 @@ def _grade_folders(answer: Any) -> str:
                "factors of the hash differ between the ranks, and what each rank names its own "
                "folder (§2 lists a run's tree)",
           deeper_hint="A TP=1 run writes <root>/torch_compile_cache/<hash>/rank_0_0/backbone "
-                      "(notebook 09 §2). At TP=2 each rank computes the hash from its own config: "
-                      "ask which factor could differ (the TP size is the same on both ranks; is "
-                      "the rank in the hash?). Then each rank writes below the hash a folder named "
-                      "rank_<its rank>_<its data-parallel rank>; there is no data parallelism here.",
+                      "(notebook 09 §2). At TP=2 each rank computes the hash from its own "
+                      "config: ask which factor could differ (the TP size is the same on "
+                      "both ranks; is the rank in the hash?). Then each rank writes below "
+                      "the hash a folder named rank_<its rank>_<its data-parallel rank>; "
+                      "there is no data parallelism here.",
           solution=lambda: {"hashes": 1,
                             "folders": {"<hash>/rank_0_0/backbone", "<hash>/rank_1_0/backbone"}},
           wrong=lambda: {"hashes": 2,

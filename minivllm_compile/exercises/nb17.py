@@ -393,13 +393,14 @@ def pass_solution() -> dict:
     section="notebook 17 §3 (Dynamo: a graph break) and §1 (the switches)",
     hint="run it as configured, read what Dynamo says and where; then rerun it under the "
     "switches, from the narrowest up (§1, §3)",
-    deeper_hint="Call runner(nb17.Checked(compilation_config=nb17.config('17.1'))) on each of "
-    "nb17.inputs(): the error names what Dynamo cannot put in a graph, and its last lines (from "
-    "user code) the line of forward. Then rerun(lambda cc: runner(nb17.Checked("
-    "compilation_config=cc)), nb17.config('17.1'), nb17.inputs(), nb17.Checked()) reruns a fresh "
-    "model under every switch, as §6 does; print(table(rows)) and ask which switches that make "
-    "it right have no narrower one that does too. For the fix, of §3's three ways out, which keeps forward one compiled graph and still runs the check at "
-    "every call?",
+    deeper_hint="Call runner(nb17.Checked(compilation_config=nb17.config('17.1'))) on each "
+    "of nb17.inputs(): the error names what Dynamo cannot put in a graph, and its last "
+    "lines (from user code) the line of forward. Then rerun(lambda cc: "
+    "runner(nb17.Checked(compilation_config=cc)), nb17.config('17.1'), nb17.inputs(), "
+    "nb17.Checked()) reruns a fresh model under every switch, as §6 does; "
+    "print(table(rows)) and ask which switches that make it right have no narrower one "
+    "that does too. For the fix, of §3's three ways out, which keeps forward one compiled "
+    "graph and still runs the check at every call?",
     solution=graph_break_solution,
     wrong=lambda: {**graph_break_solution(), "turn_off": "backend=eager"},
     wrong_says="still goes wrong",

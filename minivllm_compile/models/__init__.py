@@ -99,8 +99,8 @@ def load_model(name_or_path: str | Path, *, compilation_config=None, device=None
     model.safetensors."""
     path = CHECKPOINTS / str(name_or_path) if str(name_or_path) in SHIPPED else Path(name_or_path)
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{name_or_path!r} is neither a shipped model {SHIPPED} nor a folder "
-                                f"with config.json and model.safetensors (looked in {path})")
+        raise FileNotFoundError(f"{name_or_path!r} is neither a shipped model {SHIPPED} nor a "
+                                f"folder with config.json and model.safetensors (looked in {path})")
     cfg = ModelConfig.from_file(path / "config.json")
     model, lm_head = _make(cfg, compilation_config, device, dtype)
     if get_tensor_model_parallel_world_size() == 1:

@@ -33,11 +33,14 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"model_type {self.model_type!r} is not supported; expected one of {MODEL_TYPES}")
+            raise ValueError(f"model_type {self.model_type!r} is not supported; "
+                             f"expected one of {MODEL_TYPES}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 0
-                                    or (value == 0 and f.name not in ("bos_token_id", "eos_token_id"))):
+            if f.type == "int" and (not isinstance(value, int)
+                                    or isinstance(value, bool) or value < 0
+                                    or (value == 0
+                                        and f.name not in ("bos_token_id", "eos_token_id"))):
                 raise ValueError(f"{f.name} must be a positive integer, got {value!r}")
             if f.type == "float":
                 # 0 or less gives NaN: eps divides by the norm of a zero row, theta ** x is 0 or inf
@@ -47,14 +50,15 @@ class ModelConfig:
             if f.type == "bool" and not isinstance(value, bool):
                 raise ValueError(f"{f.name} must be true or false, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple "
+                             f"of num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE rotates pairs of features)")
+            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE "
+                             "rotates pairs of features)")
         if self.model_type == "minivllm_hybrid":
             types = tuple(self.layer_types or ())
             if len(types) != self.num_hidden_layers or not set(types) <= {"conv", "full_attention"}:
-                raise ValueError(f"layer_types must list 'conv' or 'full_attention' for each of the "
+                raise ValueError("layer_types must list 'conv' or 'full_attention' for each of the "
                                  f"{self.num_hidden_layers} layers, got {self.layer_types}")
             self.layer_types = types
 
@@ -89,7 +93,8 @@ class ModelConfig:
         try:
             d = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e}); it should be a Hugging Face config.json") from None
+            raise ValueError(f"{path}: not valid JSON ({e}); it should be "
+                             "a Hugging Face config.json") from None
         return cls.from_dict(d, source=str(path))
 
     @property

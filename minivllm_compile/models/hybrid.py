@@ -23,12 +23,14 @@ class HybridAttention(nn.Module):
         # this rank's heads (all of them at TP=1)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_size, self.kv_size = (self.num_heads * self.head_dim,
+                                     self.num_kv_heads * self.head_dim)
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
                                         bias=False, prefix=f"{prefix}.o_proj", return_bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings,
+                                          cfg.rope_theta)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, f"{prefix}.attn",
                               static_forward_context)
 
@@ -36,8 +38,10 @@ class HybridAttention(nn.Module):
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # the norms see one head per row: views of the split, [num_tokens, heads, head_dim]
-        q = self.q_norm(q.view(*q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim)).view(q.shape)
-        k = self.k_norm(k.view(*k.shape[:-1], k.shape[-1] // self.head_dim, self.head_dim)).view(k.shape)
+        q = self.q_norm(q.view(*q.shape[:-1], q.shape[-1] // self.head_dim,
+                               self.head_dim)).view(q.shape)
+        k = self.k_norm(k.view(*k.shape[:-1], k.shape[-1] // self.head_dim,
+                               self.head_dim)).view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
@@ -47,7 +51,8 @@ class HybridDecoderLayer(nn.Module):
         super().__init__()
         self.kind = kind
         if kind == "conv":
-            self.conv = ShortConv(cfg.hidden_size, cfg.conv_L_cache, f"{prefix}.conv", static_forward_context)
+            self.conv = ShortConv(cfg.hidden_size, cfg.conv_L_cache, f"{prefix}.conv",
+                                  static_forward_context)
         else:
             self.self_attn = HybridAttention(cfg, f"{prefix}.self_attn", static_forward_context)
         self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size, prefix=f"{prefix}.mlp")

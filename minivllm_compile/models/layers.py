@@ -81,7 +81,8 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         if not self.use_custom_op:  # the reference, on copies: plain torch ops Inductor can fuse
             query, key = query.clone(), key.clone()
-            rotary_embedding_ref(positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)
+            rotary_embedding_ref(positions, query, key, self.head_size, self.cos_sin_cache,
+                                 self.is_neox_style)
             return query, key
         torch.ops.minivllm.rotary_embedding(
             positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)
@@ -105,13 +106,15 @@ class LlamaMLP(nn.Module):
 
 class Attention(nn.Module):
     """The attention splitting op's module: owns the layer's paged KV cache. The cache is a plain
-    attribute, not a buffer: the compiled graph must never see it (it is read through layer_name)."""
+    attribute, not a buffer: the compiled graph must never see it (it is
+    read through layer_name)."""
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, layer_name: str,
                  static_forward_context: dict):
         super().__init__()
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+            raise ValueError(f"num_heads={num_heads} is not a multiple of "
+                             f"num_kv_heads={num_kv_heads}")
         self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
         self.scale = head_size**-0.5
         self.layer_name = layer_name
@@ -125,7 +128,8 @@ class Attention(nn.Module):
         """What a FULL graph can hold of this op (vLLM's AttentionCGSupport). On CUDA: NEVER, since
         its reference kernels read the metadata on the host (.tolist()), which capture forbids; on a
         CPU the stand-in re-runs the Python each replay, so any batch is seen."""
-        return AttentionCGSupport.NEVER if torch.device(device).type == "cuda" else AttentionCGSupport.ALWAYS
+        return AttentionCGSupport.NEVER if torch.device(
+            device).type == "cuda" else AttentionCGSupport.ALWAYS
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         output = torch.empty_like(q)
@@ -136,7 +140,8 @@ class Attention(nn.Module):
 class ShortConv(nn.Module):
     """LFM2's gated short convolution; the whole mixer runs inside the opaque `short_conv` op."""
 
-    def __init__(self, hidden_size: int, l_cache: int, layer_name: str, static_forward_context: dict):
+    def __init__(self, hidden_size: int, l_cache: int, layer_name: str,
+                 static_forward_context: dict):
         super().__init__()
         # under TP each rank mixes a slice of the channels: its part of B, C and x, of the depthwise
         # kernel and of the state; out_proj all-reduces (inside the opaque op, as in vLLM)
@@ -158,7 +163,8 @@ class ShortConv(nn.Module):
         """What a FULL graph can hold of this op (vLLM's AttentionCGSupport). On CUDA: NEVER, since
         its reference kernels read the metadata on the host (.tolist()), which capture forbids; on a
         CPU the stand-in re-runs the Python each replay, so any batch is seen."""
-        return AttentionCGSupport.NEVER if torch.device(device).type == "cuda" else AttentionCGSupport.ALWAYS
+        return AttentionCGSupport.NEVER if torch.device(
+            device).type == "cuda" else AttentionCGSupport.ALWAYS
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         output = torch.empty_like(hidden_states)

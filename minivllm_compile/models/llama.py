@@ -1,4 +1,5 @@
-"""A Llama decoder on the minivllm custom ops (vLLM's model_executor/models/llama.py, made small)."""
+"""A Llama decoder on the minivllm custom ops (vLLM's
+model_executor/models/llama.py, made small)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ class LlamaAttention(nn.Module):
         # this rank's heads
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_size, self.kv_size = (self.num_heads * self.head_dim,
+                                     self.num_kv_heads * self.head_dim)
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
                                         bias=False, prefix=f"{prefix}.o_proj", return_bias=False)
-        self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings,
+                                          cfg.rope_theta)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, f"{prefix}.attn",
                               static_forward_context)
 
@@ -75,11 +78,13 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg, self.compilation_config = cfg, compilation_config
         self.static_forward_context: dict = {}  # layer_name -> module, for the opaque ops
-        with set_current_compilation_config(compilation_config or CompilationConfig(mode=CompilationMode.NONE)):
+        with set_current_compilation_config(compilation_config
+                                            or CompilationConfig(mode=CompilationMode.NONE)):
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
                                                        prefix=f"{prefix}.embed_tokens")
             self.layers = nn.ModuleList(
-                self.make_layer(cfg, f"{prefix}.layers.{i}", i) for i in range(cfg.num_hidden_layers))
+                self.make_layer(cfg, f"{prefix}.layers.{i}", i)
+                for i in range(cfg.num_hidden_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         cc = compilation_config
         if cc is not None and cc.enable_layerwise_nvtx_tracing and cc.mode == CompilationMode.NONE:

@@ -18,7 +18,7 @@ from torch import nn
 
 from minivllm_compile import envs
 from minivllm_compile.config import CompilationMode, CUDAGraphMode
-from minivllm_compile.cuda_graph import CUDAGraphWrapper, CudagraphDispatcher, min_cudagraph_support
+from minivllm_compile.cuda_graph import CudagraphDispatcher, CUDAGraphWrapper, min_cudagraph_support
 from minivllm_compile.distributed import LogitsProcessor
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig
@@ -89,12 +89,14 @@ class LM:
         """Before the first compile: resolve the mode down to what the splitting ops support (the
         pieces are wrapped while they compile), build the dispatcher, wrap the forward for FULL."""
         cc = self.model.compilation_config
-        support, name = min_cudagraph_support(self.model.static_forward_context.values(), self.device)
+        support, name = min_cudagraph_support(self.model.static_forward_context.values(),
+                                              self.device)
         cc.resolve_cudagraph_mode(support, name)
         self.cudagraph_dispatcher = CudagraphDispatcher(cc)
         if cc.cudagraph_mode.has_full_cudagraphs():
             self._run_model = CUDAGraphWrapper(self._run_model, cc, CUDAGraphMode.FULL)
-        # persistent inputs, as vLLM's model runner keeps: a graph reads the buffers it was captured on
+        # persistent inputs, as vLLM's model runner keeps: a graph reads the
+        # buffers it was captured on
         n = max(cc.max_num_batched_tokens, cc.max_cudagraph_capture_size)
         self._input_ids = torch.zeros(n, dtype=torch.long, device=self.device)
         self._positions = torch.zeros(n, dtype=torch.long, device=self.device)
@@ -110,7 +112,8 @@ class LM:
     # --- caches -------------------------------------------------------------------------------
 
     def allocate_caches(self, max_seq_lens: list[int]) -> torch.Tensor:
-        """Fresh KV blocks and conv-state lines for a batch; returns the block table [seqs, blocks]."""
+        """Fresh KV blocks and conv-state lines for a batch; returns the
+        block table [seqs, blocks]."""
         blocks_per_seq = [(n + BLOCK_SIZE - 1) // BLOCK_SIZE for n in max_seq_lens]
         width = max(blocks_per_seq)
         table = torch.zeros(len(max_seq_lens), width, dtype=torch.int32)
@@ -120,7 +123,8 @@ class LM:
             start += n
         for layer in self.model.static_forward_context.values():
             if isinstance(layer, Attention):
-                layer.kv_cache = torch.zeros(2, start, BLOCK_SIZE, layer.num_kv_heads, layer.head_size,
+                layer.kv_cache = torch.zeros(2, start, BLOCK_SIZE, layer.num_kv_heads,
+                                             layer.head_size,
                                              dtype=self.dtype, device=self.device)
             elif isinstance(layer, ShortConv):
                 dim, width_ = layer.conv_weight.shape
@@ -130,7 +134,8 @@ class LM:
 
     def metadata(self, query_lens: list[int], seq_lens: list[int], seq_ids: list[int],
                  block_table: torch.Tensor) -> AttentionMetadata:
-        """Metadata for one step: sequence seq_ids[i] adds query_lens[i] tokens, reaching seq_lens[i]."""
+        """Metadata for one step: sequence seq_ids[i] adds query_lens[i]
+        tokens, reaching seq_lens[i]."""
         dev = self.device
         slots = []
         host_table = block_table.cpu()  # once per step (per sequence it would sync a GPU each time)
@@ -161,7 +166,8 @@ class LM:
             uniform = attn_metadata is not None and attn_metadata.is_decode_only
             mode, desc = self.cudagraph_dispatcher.dispatch(n, uniform_decode=uniform)
         if mode != CUDAGraphMode.NONE:
-            input_ids, positions, attn_metadata = self._pad(input_ids, positions, attn_metadata, desc.num_tokens)
+            input_ids, positions, attn_metadata = self._pad(input_ids, positions, attn_metadata,
+                                                            desc.num_tokens)
         with self._call_lock, torch.inference_mode(), set_forward_context(
                 attn_metadata, self.model.static_forward_context, mode, desc):
             return self._run_model(input_ids, positions)[:n]
@@ -176,8 +182,10 @@ class LM:
             ids[:n], pos[:n] = input_ids, positions
             ids[n:], pos[n:] = 0, 0
         if md is not None:
-            pad = torch.full((num_padded - n,), -1, dtype=md.slot_mapping.dtype, device=md.slot_mapping.device)
-            md = dataclasses.replace(md, slot_mapping=torch.cat([md.slot_mapping, pad]), num_actual_tokens=n)
+            pad = torch.full((num_padded - n,), -1, dtype=md.slot_mapping.dtype,
+                             device=md.slot_mapping.device)
+            md = dataclasses.replace(md, slot_mapping=torch.cat([md.slot_mapping, pad]),
+                                     num_actual_tokens=n)
         return ids, pos, md
 
     @_one_call_at_a_time
@@ -256,8 +264,10 @@ class LM:
         running = list(range(len(seqs)))
         query_lens = [len(s) for s in seqs]  # first step: the whole prompt of every sequence
         while running:
-            ids = torch.tensor([t for i, q in zip(running, query_lens) for t in seqs[i][-q:]], device=self.device)
-            pos = torch.cat([torch.arange(len(seqs[i]) - q, len(seqs[i])) for i, q in zip(running, query_lens)])
+            ids = torch.tensor([t for i, q in zip(running, query_lens) for t in seqs[i][-q:]],
+                               device=self.device)
+            pos = torch.cat([torch.arange(len(seqs[i]) - q, len(seqs[i]))
+                             for i, q in zip(running, query_lens)])
             md = self.metadata(query_lens, [len(seqs[i]) for i in running], running, table)
             hidden = self.forward_step(ids, pos.to(self.device), md)
             last = md.query_start_loc[1:].long() - 1  # logits only where a token is sampled

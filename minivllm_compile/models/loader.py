@@ -36,7 +36,8 @@ def _shard_rows(module_params: dict[str, torch.Tensor], name: str, cfg) -> list[
     return [half, half]
 
 
-def expected_checkpoint(params: dict[str, torch.Tensor], cfg) -> dict[str, tuple[str, slice | None, tuple]]:
+def expected_checkpoint(params: dict[str, torch.Tensor],
+                        cfg) -> dict[str, tuple[str, slice | None, tuple]]:
     """Every tensor a checkpoint must hold: its name -> (our parameter, row slice, shape)."""
     spec: dict[str, tuple[str, slice | None, tuple]] = {}
     for name, p in params.items():
@@ -50,11 +51,14 @@ def expected_checkpoint(params: dict[str, torch.Tensor], cfg) -> dict[str, tuple
             rows = _shard_rows(params, name, cfg)
             for ck, ours, i in stacked:
                 start = sum(rows[:i])
-                spec[name.replace(ours, ck)] = (name, slice(start, start + rows[i]), (rows[i], p.shape[1]))
+                spec[name.replace(ours, ck)] = (name, slice(start, start + rows[i]),
+                                                (rows[i], p.shape[1]))
         elif name.endswith(SCALES):
             spec[name] = (name, None, ())
-        elif name.endswith(".conv.conv_weight"):  # nn.Conv1d stores the depthwise kernel [dim, 1, width]
-            spec[name.replace(".conv.conv_weight", ".conv.conv.weight")] = (name, None, (p.shape[0], 1, p.shape[1]))
+        # nn.Conv1d stores the depthwise kernel [dim, 1, width]
+        elif name.endswith(".conv.conv_weight"):
+            spec[name.replace(".conv.conv_weight", ".conv.conv.weight")] = (
+                name, None, (p.shape[0], 1, p.shape[1]))
         else:
             spec[name] = (name, None, tuple(p.shape))
     return spec
@@ -117,22 +121,24 @@ def load_checkpoint_weights(model: nn.Module, lm_head: nn.Linear, cfg, path: str
     if scales := [n for n in missing if n.endswith(SCALES)]:
         raise ValueError(f"{path}: the FP8 checkpoint has no tensor {scales[0]!r}"
                          + (f" (nor {len(scales) - 1} more scales)" if len(scales) > 1 else "")
-                         + "; config.json's quantization_config asks for static FP8, which needs a float32 "
-                         "weight_scale and input_scale beside each quantized weight")
+                         + "; config.json's quantization_config asks for static FP8, which needs a "
+                         "float32 weight_scale and input_scale beside each quantized weight")
     if missing or extra:
-        raise ValueError(f"{path}: checkpoint does not fit a {cfg.model_type} model with "
-                         f"{cfg.num_hidden_layers} layers: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise ValueError(f"{path}: checkpoint does not fit a {cfg.model_type} model "
+                         f"with {cfg.num_hidden_layers} layers: missing "
+                         f"{missing[:5]}, unexpected {extra[:5]}")
     for ck_name, (ours, rows, shape) in spec.items():
         t = tensors[ck_name]
         if shape == () and t.numel() == 1 and t.dim() <= 1:
             t = t.reshape(())  # a per-tensor scale: writers store it as [] or [1]
         dst_dtype = params[ours].dtype
         if (dst_dtype == torch.float8_e4m3fn) != (t.dtype == torch.float8_e4m3fn):
-            raise ValueError(f"{path}: tensor {ck_name!r} is {t.dtype} but the layer stores {dst_dtype} "
-                             "(config.json's quantization_config and the weights disagree)")
+            raise ValueError(f"{path}: tensor {ck_name!r} is {t.dtype} but the layer "
+                             f"stores {dst_dtype} (config.json's quantization_config "
+                             "and the weights disagree)")
         if tuple(t.shape) != shape:
-            raise ValueError(f"{path}: tensor {ck_name!r} has shape {tuple(t.shape)}, expected {shape} "
-                             f"(from config.json)")
+            raise ValueError(f"{path}: tensor {ck_name!r} has shape {tuple(t.shape)}, expected "
+                             f"{shape} (from config.json)")
         with torch.no_grad():
             dst = params[ours] if rows is None else params[ours][rows]
             dst.copy_(t.reshape(dst.shape))

@@ -58,11 +58,12 @@ class Fp8Config:
                              "(static per-tensor FP8, as vLLM's Fp8Config) is")
         scheme = config.get("activation_scheme")
         if scheme != "static":
-            raise ValueError(f"{source}: activation_scheme {scheme!r} is not supported; only 'static' "
-                             "(input_scale calibrated offline and stored beside each weight) is")
+            raise ValueError(f"{source}: activation_scheme {scheme!r} is not "
+                             "supported; only 'static' (input_scale calibrated offline "
+                             "and stored beside each weight) is")
         if config.get("weight_block_size") is not None:
-            raise ValueError(f"{source}: weight_block_size {config['weight_block_size']} (block FP8) is "
-                             "not supported; only per-tensor scales are")
+            raise ValueError(f"{source}: weight_block_size {config['weight_block_size']} (block "
+                             "FP8) is not supported; only per-tensor scales are")
         ignored = config.get("ignored_layers") or config.get("modules_to_not_convert") or []
         return cls(activation_scheme=scheme, ignored_layers=list(ignored))
 
@@ -98,7 +99,8 @@ class Fp8Linear(nn.Module):
         if sum(self.logical_widths) != output_size:
             raise ValueError(f"logical_widths {self.logical_widths} do not add up to {output_size}")
         n = len(self.logical_widths)
-        self.weight = nn.Parameter(torch.zeros(output_size, input_size, dtype=FP8_DTYPE), requires_grad=False)
+        self.weight = nn.Parameter(torch.zeros(output_size, input_size, dtype=FP8_DTYPE),
+                                   requires_grad=False)
         self.weight_scale = nn.Parameter(torch.zeros(n), requires_grad=False)
         self.input_scale = nn.Parameter(torch.zeros(n), requires_grad=False)
         self.use_custom_op = use_custom_op(CUSTOM_OP_NAME)
@@ -112,10 +114,12 @@ class Fp8Linear(nn.Module):
     @torch.no_grad()
     def process_weights_after_loading(self) -> None:
         ws, xs = self.weight_scale.data, self.input_scale.data
-        bad = [i for i in range(len(ws)) if not (ws[i] > 0 and xs[i] > 0 and torch.isfinite(ws[i] + xs[i]))]
+        bad = [i for i in range(len(ws)) if not (ws[i] > 0 and xs[i] > 0
+                                                 and torch.isfinite(ws[i] + xs[i]))]
         if bad:
-            raise ValueError(f"Fp8Linear: shard(s) {bad} have weight_scale {ws.tolist()} / input_scale "
-                             f"{xs.tolist()}; every scale must be a positive finite number")
+            raise ValueError(f"Fp8Linear: shard(s) {bad} have weight_scale "
+                             f"{ws.tolist()} / input_scale {xs.tolist()}; every scale "
+                             "must be a positive finite number")
         max_ws = ws.max()
         start = 0
         for width, s in zip(self.logical_widths, ws):
@@ -136,7 +140,8 @@ class Fp8Linear(nn.Module):
         try:
             super()._apply(fn, recurse)
         finally:
-            device = fn(torch.empty(0, device=mine["weight"].device)).device  # where fn sends tensors
+            # where fn sends tensors
+            device = fn(torch.empty(0, device=mine["weight"].device)).device
             for n, p in mine.items():
                 self._parameters[n] = nn.Parameter(p.data.to(device), requires_grad=False)
         self.use_scaled_mm = scaled_mm_runs(str(device))
@@ -150,10 +155,12 @@ class Fp8Linear(nn.Module):
         else:
             xq = static_scaled_fp8_quant_native(x2, self.input_scale)
         if self.use_scaled_mm:
-            out = torch._scaled_mm(xq, self.weight.t(), scale_a=self.input_scale, scale_b=self.weight_scale,
+            out = torch._scaled_mm(xq, self.weight.t(), scale_a=self.input_scale,
+                                   scale_b=self.weight_scale,
                                    out_dtype=x.dtype)
         else:
-            out = ((xq.float() @ self.weight.float().t()) * (self.input_scale * self.weight_scale)).to(x.dtype)
+            out = ((xq.float() @ self.weight.float().t())
+                   * (self.input_scale * self.weight_scale)).to(x.dtype)
         return out.view(*x.shape[:-1], self.output_size)
 
 
@@ -168,11 +175,12 @@ def _logical_widths(cfg, name: str, linear: nn.Linear) -> list[int]:
 
 def _is_skipped(prefix: str, leaf: str, ignored: list[str]) -> bool:
     """vLLM's is_layer_skipped: a stacked layer is skipped when all its shards are listed."""
-    names = [prefix] if leaf not in SHARDS else [f"{prefix.rsplit('.', 1)[0]}.{s}" for s in SHARDS[leaf]]
+    names = [prefix] if leaf not in SHARDS else [f"{prefix.rsplit('.', 1)[0]}.{s}"
+                                                 for s in SHARDS[leaf]]
     listed = [n in ignored for n in names]
     if any(listed) and not all(listed):
-        raise ValueError(f"ignored_layers lists some but not all of {names}; they are stacked into one "
-                         f"matmul ({prefix}), so quantize all of them or none")
+        raise ValueError(f"ignored_layers lists some but not all of {names}; they are stacked into "
+                         f"one matmul ({prefix}), so quantize all of them or none")
     return all(listed) or prefix in ignored
 
 
@@ -183,7 +191,8 @@ def quantize_linears(model: nn.Module, cfg, compilation_config: CompilationConfi
     Fp8Config.get_quant_method). Returns the replaced layers' names."""
     qcfg = Fp8Config.from_config(cfg.quantization_config)
     replaced = []
-    with set_current_compilation_config(compilation_config or CompilationConfig(mode=CompilationMode.NONE)):
+    with set_current_compilation_config(compilation_config
+                                        or CompilationConfig(mode=CompilationMode.NONE)):
         for parent_name, parent in list(model.named_modules()):
             for leaf, child in list(parent.named_children()):
                 name = f"{prefix}.{parent_name}.{leaf}" if parent_name else f"{prefix}.{leaf}"
@@ -191,7 +200,8 @@ def quantize_linears(model: nn.Module, cfg, compilation_config: CompilationConfi
                         or _is_skipped(name, leaf, qcfg.ignored_layers)):
                     continue
                 if child.bias is not None:
-                    raise ValueError(f"{name} has a bias; Fp8Linear is bias-free, as every linear here is")
+                    raise ValueError(f"{name} has a bias; Fp8Linear is "
+                                     "bias-free, as every linear here is")
                 setattr(parent, leaf, Fp8Linear(child.in_features, child.out_features,
                                                 _logical_widths(cfg, leaf, child)))
                 replaced.append(name)
@@ -239,7 +249,8 @@ def measure_agreement(reference, quantized, prompts: list[str], max_new_tokens: 
         same += int((a.argmax(-1) == b.argmax(-1)).sum())
         total += a.shape[0]
         d = (a - b).abs()
-        max_diff, sum_diff, n_logits = max(max_diff, d.max().item()), sum_diff + d.sum().item(), n_logits + d.numel()
+        max_diff, sum_diff, n_logits = (max(max_diff, d.max().item()), sum_diff + d.sum().item(),
+                                        n_logits + d.numel())
         lo, hi = min(lo, a.min().item()), max(hi, a.max().item())
     return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "positions": total,
             "top1_agreement": same / total,

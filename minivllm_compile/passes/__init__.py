@@ -31,7 +31,8 @@ __all__ = [
     "get_pass_context", "graph_text", "is_func", "make_pass_manager", "pass_context",
 ]
 
-_LAZY = {"ActivationQuantFusionPass": "act_quant_fusion", "QKNormRoPEFusionPass": "qk_norm_rope_fusion",
+_LAZY = {"ActivationQuantFusionPass": "act_quant_fusion",
+         "QKNormRoPEFusionPass": "qk_norm_rope_fusion",
          "RMSNormQuantFusionPass": "rms_quant_fusion"}
 
 

@@ -77,7 +77,8 @@ class SiluMulFp8StaticQuantPattern:
 
         def replacement(input: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             shape = input.shape[:-1] + (input.shape[-1] // 2,)
-            at = auto_functionalized(minivllm.silu_and_mul_quant.default, result=empty_quant(shape, input),
+            at = auto_functionalized(minivllm.silu_and_mul_quant.default,
+                                     result=empty_quant(shape, input),
                                      input=input, scale=scale)
             return at[1]
 
@@ -96,7 +97,8 @@ class ActivationQuantFusionPass(VllmPatternMatcherPass):
             for custom_quant in (True, False):
                 if custom_act and custom_quant and self.registered:
                     continue
-                SiluMulFp8StaticQuantPattern(dtype, custom_act, custom_quant).register(self.patterns)
+                SiluMulFp8StaticQuantPattern(dtype, custom_act,
+                                             custom_quant).register(self.patterns)
         self.registered.add(dtype)
         logger.debug("ActivationQuantFusionPass: registered patterns for %s", dtype)
 

@@ -79,7 +79,8 @@ def fused_allreduce_norm():
 
 
 def all_reduce(input: torch.Tensor, group_name: str) -> torch.Tensor:
-    return torch.ops.minivllm.all_reduce(input, group_name)  # vLLM: tensor_model_parallel_all_reduce
+    # vLLM: tensor_model_parallel_all_reduce
+    return torch.ops.minivllm.all_reduce(input, group_name)
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,11 @@ class AllReduceRMSNormPattern:
             allreduce_output = all_reduce(input, kw["group_name"])
             return rms_norm_ir(allreduce_output, weight, eps), allreduce_output
 
-        def replacement(input: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def replacement(input: torch.Tensor,
+                        weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             at = auto_functionalized(fused_allreduce_norm(), allreduce_in=input,
-                                     residual=torch.zeros_like(input), rms_gamma=weight, rms_eps=eps,
+                                     residual=torch.zeros_like(input),
+                                     rms_gamma=weight, rms_eps=eps,
                                      norm_out=torch.empty_like(input), **kw)
             return at[3], at[1]  # norm_out, allreduce_in (the sum)
 
@@ -140,7 +143,9 @@ class AllReduceFusedAddRMSNormPattern:
 
         register(pattern, replacement, self.get_inputs(), pm_pass, norm_dtypes_match)
         # the same, the norm alone returned: the end of the graph, where the residual is not read
-        first_return_only = lambda fn: lambda a, b, c: fn(a, b, c)[0]
+        def first_return_only(fn):
+            return lambda a, b, c: fn(a, b, c)[0]
+
         register(first_return_only(pattern), first_return_only(replacement), self.get_inputs(),
                  pm_pass, norm_dtypes_match)
 
@@ -191,7 +196,8 @@ class AllReduceFusionPass(VllmPatternMatcherPass):
         source = VllmInductorPass.hash_source(
             self, AllReduceRMSNormPattern, AllReduceFusedAddRMSNormPattern,
             FlashInferFusedAllReduceParams, all_reduce, fused_allreduce_norm, rms_norm_ir,
-            fused_add_rms_norm_ir, find_rms_norm_eps, find_model_dtypes, norm_dtypes_match, register)
+            fused_add_rms_norm_ir, find_rms_norm_eps, find_model_dtypes,
+            norm_dtypes_match, register)
         return VllmInductorPass.hash_dict({"source": source, "tp_size": self.tp_size,
                                            "max_token_num": self.max_token_num,
                                            "group_name": self.group_name})

@@ -4,7 +4,8 @@ their neighbours (the custom op is a call Inductor cannot look into).
 
 Give it to a model as vLLM takes a user's pass, through the Inductor config:
 
-    CompilationConfig(inductor_compile_config={"post_grad_custom_post_pass": SiluAndMulToNativePass()})
+    CompilationConfig(
+        inductor_compile_config={"post_grad_custom_post_pass": SiluAndMulToNativePass()})
 
 `PostGradPassManager` then runs it after its own passes and before FixFunctionalizationPass, on
 every piece and entry; its uuid (the hash of this class's source) joins the cache key, so editing
@@ -29,15 +30,17 @@ aten = torch.ops.aten
 
 
 class SiluAndMulToNativePass(VllmInductorPass):
-    """out = silu(x[..., :d]) * x[..., d:] in place of auto_functionalized(silu_and_mul, out=, input=x)."""
+    """out = silu(x[..., :d]) * x[..., d:] in place of
+    auto_functionalized(silu_and_mul, out=, input=x)."""
 
     @VllmInductorPass.time_and_log
     def __call__(self, graph: fx.Graph) -> None:
         self.matched_count = 0
         for node in list(graph.nodes):
-            # post-grad, an in-place custom op is functional: res = auto_functionalized(op, out=, input=)
-            # and res[1] is the written `out`
-            if not (is_func(node, auto_functionalized) and node.args[0] == torch.ops.minivllm.silu_and_mul.default):
+            # post-grad, an in-place custom op is functional: res = auto_functionalized(op, out=,
+            # input=) and res[1] is the written `out`
+            if not (is_func(node, auto_functionalized)
+                    and node.args[0] == torch.ops.minivllm.silu_and_mul.default):
                 continue
             x = node.kwargs["input"]
             d = x.meta["val"].shape[-1] // 2
@@ -46,7 +49,8 @@ class SiluAndMulToNativePass(VllmInductorPass):
                 up = self._call(graph, aten.slice.Tensor, x, -1, d, 2 * d)
                 # silu(g) = g * sigmoid(g): post-grad graphs hold decomposed ops only (Inductor has
                 # no lowering for aten.silu, it decomposes it before this point)
-                silu = self._call(graph, aten.mul.Tensor, gate, self._call(graph, aten.sigmoid.default, gate))
+                silu = self._call(graph, aten.mul.Tensor, gate,
+                                  self._call(graph, aten.sigmoid.default, gate))
                 out = self._call(graph, aten.mul.Tensor, silu, up)
             for user in list(node.users):
                 if is_func(user, operator.getitem) and user.args[1] == 1:

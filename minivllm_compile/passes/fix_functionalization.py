@@ -45,7 +45,8 @@ class FixFunctionalizationPass(VllmInductorPass):
         minivllm.rotary_embedding.default: {1: "query", 2: "key"},
         minivllm.fused_qk_norm_rope.default: {1: "qkv"},
         minivllm.silu_and_mul.default: {1: "out"},
-        # FP8 (vLLM's _C names): the static quant, and what the fusion passes turn norm/act + quant into
+        # FP8 (vLLM's _C names): the static quant, and what the fusion passes
+        # turn norm/act + quant into
         minivllm.static_scaled_fp8_quant.default: {1: "result"},
         minivllm.rms_norm_static_fp8_quant.default: {1: "result"},
         minivllm.fused_add_rms_norm_static_fp8_quant.default: {1: "result", 2: "residual"},
@@ -139,8 +140,8 @@ class FixFunctionalizationPass(VllmInductorPass):
         for idx, user in self.getitem_users(node).items():
             if idx == 0:  # the op's return value, not a mutated argument
                 if idx in mutated_args:
-                    raise AssertionError(f"MUTATED_ARGS[{node.args[0]}] maps index 0, the op's return "
-                                         "value; mutated arguments start at 1")
+                    raise AssertionError(f"MUTATED_ARGS[{node.args[0]}] maps index 0, the op's "
+                                         "return value; mutated arguments start at 1")
                 continue
             user.replace_all_uses_with(node.kwargs[mutated_args[idx]])
             self.nodes_to_remove.append(user)

@@ -12,8 +12,9 @@ backend sets around each piece's compile (`CompilerManager.compile_context`), as
 compiled outside the backend (the manager installed by hand, outside any `pass_context`) runs
 every pass: vLLM asserts a context there.
 
-Order (vLLM 0.33's): NoOpElimination -> AllReduceFusion, RMSNormQuantFusion, ActivationQuantFusion, QKNormRoPEFusion
-(each when enabled) -> user passes (`add`) -> PostCleanup -> VllmIRLowering -> UnsafeCloneElimination
+Order (vLLM 0.33's): NoOpElimination -> AllReduceFusion, RMSNormQuantFusion, ActivationQuantFusion,
+QKNormRoPEFusion (each when enabled) -> user passes (`add`) -> PostCleanup -> VllmIRLowering
+-> UnsafeCloneElimination
 -> PostCleanup -> FixFunctionalization, always last, so every other pass sees a functional graph.
 The fusion passes match the vLLM IR ops, which the lowering then replaces with the provider the
 priority picks. (VllmIRInplaceFunctionalizationPass runs before all of these, before AOTAutograd:
@@ -32,8 +33,13 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from minivllm_compile.cache_files import compiler_source_hash
 from minivllm_compile.config import CompilationConfig, PassConfig, Range
 from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
-from minivllm_compile.passes.inductor_pass import (CallableInductorPass, InductorPass,
-                                                   get_pass_context, graph_text, in_pass_context)
+from minivllm_compile.passes.inductor_pass import (
+    CallableInductorPass,
+    InductorPass,
+    get_pass_context,
+    graph_text,
+    in_pass_context,
+)
 from minivllm_compile.passes.ir.clone_elimination import UnsafeCloneEliminationPass
 from minivllm_compile.passes.ir.lowering_pass import VllmIRLoweringPass
 from minivllm_compile.passes.ir.utils import set_donated_input_ids
@@ -107,7 +113,8 @@ class PostGradPassManager(CustomGraphPass):
     def all_passes(self) -> list[CustomGraphPass]:
         """Every pass in the order it runs (the clean-up twice: before and after the lowering)."""
         tail = [self.post_cleanup, self.ir_lowering, self.clone_elimination, self.post_cleanup]
-        return self.passes + tail + ([self.fix_functionalization] if self.fix_functionalization else [])
+        return self.passes + tail + ([self.fix_functionalization]
+                                     if self.fix_functionalization else [])
 
     def __call__(self, graph: fx.Graph) -> None:
         try:
@@ -153,8 +160,9 @@ def make_pass_manager(cc: CompilationConfig) -> PostGradPassManager:
     manager.configure(cc.pass_config, cc.kernel_config.ir_op_priority, cc.max_num_batched_tokens)
     user_pass = cc.inductor_compile_config.get("post_grad_custom_post_pass")
     if isinstance(user_pass, PostGradPassManager):
-        raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is a PostGradPassManager: "
-                         "give the pass itself; the backend builds the manager")
+        raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] "
+                         "is a PostGradPassManager: give the pass itself; the "
+                         "backend builds the manager")
     if user_pass is not None:
         manager.add(as_inductor_pass(user_pass))
     return manager

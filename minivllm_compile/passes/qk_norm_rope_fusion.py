@@ -50,8 +50,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 import minivllm_compile.ir.kernels  # noqa: F401  (the IR ops and their providers)
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile import ir
-from minivllm_compile.ir.op import enable_torch_wrap
 from minivllm_compile.config import Range
+from minivllm_compile.ir.op import enable_torch_wrap
 from minivllm_compile.passes.inductor_pass import is_func
 from minivllm_compile.passes.ir.utils import get_ir_op
 from minivllm_compile.passes.noop_elimination import NoOpEliminationPass
@@ -114,7 +114,8 @@ def rotary_embedding_native(positions: torch.Tensor, query: torch.Tensor, key: t
 def rotary_embedding_custom(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                             head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool):
     res = auto_functionalized(minivllm.rotary_embedding.default, positions=positions, query=query,
-                              key=key, head_size=head_size, cos_sin_cache=cos_sin_cache, is_neox=is_neox)
+                              key=key, head_size=head_size, cos_sin_cache=cos_sin_cache,
+                              is_neox=is_neox)
     return res[1], res[2]
 
 
@@ -161,8 +162,10 @@ class QkNormRopePattern:
         except ValueError as e:  # the matcher takes a RuntimeError for "does not match"
             raise RuntimeError(str(e)) from e
         # what HybridAttention.forward (and vLLM's Qwen3Attention) writes
-        q = self.rms_norm(q.view(*q.shape[:-1], q.shape[-1] // g.head_dim, g.head_dim), q_weight, g.eps).view(q.shape)
-        k = self.rms_norm(k.view(*k.shape[:-1], k.shape[-1] // g.head_dim, g.head_dim), k_weight, g.eps).view(k.shape)
+        q = self.rms_norm(q.view(*q.shape[:-1], q.shape[-1] // g.head_dim, g.head_dim), q_weight,
+                          g.eps).view(q.shape)
+        k = self.rms_norm(k.view(*k.shape[:-1], k.shape[-1] // g.head_dim, g.head_dim), k_weight,
+                          g.eps).view(k.shape)
         q, k = self.rope(positions, q, k, g.head_dim, cos_sin_cache, self.is_neox)
         return q, k, v
 

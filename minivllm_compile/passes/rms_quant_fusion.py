@@ -18,9 +18,10 @@ node whatever provider the priority will lower it to: this pass runs before Vllm
 The quant comes in two forms, and both are registered (vLLM's matcher_utils picks one form per op
 from the config; here one pass serves any `custom_ops`):
 - the custom op, as functionalization leaves it: `auto_functionalized(op, out=empty(...), ...)`;
-- its plain-torch form, what `custom_ops` "none" traces (kernels.quant_fp8.static_scaled_fp8_quant_native).
-The replacement is the fused op, written functionally, `auto_functionalized(fused, result=...)`;
-FixFunctionalization (last in the pipeline) makes it a direct in-place call.
+- its plain-torch form, what `custom_ops` "none" traces
+(kernels.quant_fp8.static_scaled_fp8_quant_native). The replacement is the fused op, written
+functionally, `auto_functionalized(fused, result=...)`; FixFunctionalization (last in the pipeline)
+makes it a direct in-place call.
 
 Two things are burned into a pattern rather than matched:
 - eps: Inductor's matcher ignores float arguments when it searches, then re-traces the pattern
@@ -56,6 +57,7 @@ import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile import ir
 from minivllm_compile.ir.op import enable_torch_wrap
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE, static_scaled_fp8_quant_native
+
 # the eps of every RMSNorm in a graph, either form: the QK-norm pass reads them the same way
 from minivllm_compile.passes.qk_norm_rope_fusion import find_rms_norm_eps
 from minivllm_compile.passes.vllm_inductor_pass import VllmInductorPass, VllmPatternMatcherPass
@@ -84,7 +86,8 @@ def fused_add_rms_norm_ir(x: torch.Tensor, residual: torch.Tensor, weight: torch
 def quant_fp8_custom(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     # as Fp8Linear.forward allocates it
     result = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
-    at = auto_functionalized(minivllm.static_scaled_fp8_quant.default, result=result, input=x, scale=scale)
+    at = auto_functionalized(minivllm.static_scaled_fp8_quant.default, result=result,
+                             input=x, scale=scale)
     return at[1]
 
 
@@ -117,7 +120,8 @@ def register(pattern, replacement, inputs: list[torch.Tensor], pm_pass: PatternM
     """Trace both on real (tiny) tensors, outside the fake mode Inductor compiles the graph under,
     with the IR ops' torch wrap on (so an IR op traces to its one node)."""
     with unset_fake_temporarily(), torch.no_grad(), enable_torch_wrap(True):
-        pm.register_replacement(pattern, replacement, inputs, pm.fwd_only, pm_pass, extra_check=extra_check)
+        pm.register_replacement(pattern, replacement, inputs, pm.fwd_only, pm_pass,
+                                extra_check=extra_check)
 
 
 def empty_quant(shape, like: torch.Tensor) -> torch.Tensor:
@@ -128,7 +132,8 @@ def empty_quant(shape, like: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class RMSNormStaticQuantPattern:
-    """quant(rms_norm(input)) -> rms_norm_static_fp8_quant, for one eps, dtype and form of each op."""
+    """quant(rms_norm(input)) -> rms_norm_static_fp8_quant, for one eps,
+    dtype and form of each op."""
 
     epsilon: float
     dtype: torch.dtype
@@ -146,9 +151,11 @@ class RMSNormStaticQuantPattern:
         def pattern(input: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             return quant(norm(input, weight, eps), scale)
 
-        def replacement(input: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        def replacement(input: torch.Tensor, weight: torch.Tensor,
+                        scale: torch.Tensor) -> torch.Tensor:
             at = auto_functionalized(minivllm.rms_norm_static_fp8_quant.default,
-                                     result=empty_quant(input.shape, input), input=input, weight=weight,
+                                     result=empty_quant(input.shape, input),
+                                     input=input, weight=weight,
                                      scale=scale, epsilon=eps)
             return at[1]
 
@@ -219,4 +226,5 @@ class RMSNormQuantFusionPass(VllmPatternMatcherPass):
         return VllmInductorPass.hash_source(
             self, RMSNormStaticQuantPattern, FusedAddRMSNormStaticQuantPattern, rms_norm_ir,
             fused_add_rms_norm_ir, quant_fp8_custom,
-            quant_fp8_native, find_rms_norm_eps, find_model_dtypes, norm_dtypes_match, register, empty_quant)
+            quant_fp8_native, find_rms_norm_eps, find_model_dtypes, norm_dtypes_match,
+            register, empty_quant)

@@ -45,9 +45,11 @@ __all__ = [
     "Buffer", "Diff", "Stage", "buffers_in", "call_stats", "calls_in", "count_dynamo_entries",
     "describe", "describe_cache", "draw_graph", "draw_pipeline", "functional_graph", "graph_table",
     "kernel_signatures",
-    "kernel_sources", "op_label", "pipeline_facts", "piece_of_node", "piece_summary", "render_boxes", "render_dot", "short_name",
+    "kernel_sources", "op_label", "pipeline_facts", "piece_of_node", "piece_summary",
+    "render_boxes", "render_dot", "short_name",
     "table_text", "to_dot", "triton_source_codegen_only", "unified_diff",
     # notebook plots (viz/plots.py)
-    "draw_conv_states", "draw_rewrite", "draw_timeline", "plot_call_times", "plot_dispatch_counts", "plot_modes",
+    "draw_conv_states", "draw_rewrite", "draw_timeline", "plot_call_times",
+    "plot_dispatch_counts", "plot_modes",
     "plot_pass_effect", "plot_startups", "timeline_colour", "timeline_label",
 ]

@@ -50,7 +50,8 @@ def render_boxes(boxes: list[Box], edges: list[tuple[str, str, bool]], title: st
                 ax.text(x, y - h / 2, group, fontsize=8, weight="bold", color=line, va="center")
             else:
                 ax.add_patch(FancyBboxPatch((x, y - h), width, h, facecolor=fill, edgecolor=line,
-                                            boxstyle="round,pad=0.01,rounding_size=0.05", linewidth=1.1))
+                                            boxstyle="round,pad=0.01,rounding_size=0.05",
+                                            linewidth=1.1))
                 ax.text(x + 0.07, y - h / 2, label, fontsize=8, va="center", family="monospace")
                 pos[i] = (c, r, x, y, h)
             y -= h + 0.16

@@ -1,4 +1,5 @@
-"""The compile cache on disk, as a tree with sizes and each backend entry's key factors (notebook 09).
+"""The compile cache on disk, as a tree with sizes and each backend entry's
+key factors (notebook 09).
 
 A cache is read as it is found: half-written, copied from elsewhere, edited by hand. An entry that
 cannot be read (a truncated cache_key_factors.json, a dangling symlink, a folder this user may not
@@ -41,7 +42,8 @@ def _describe_folder(folder: Path, depth: int, lines: list[str]) -> None:
                 lines.append(f"{pad}{path.name}  (dangling symlink to {os.readlink(path)})")
             elif path.is_dir():
                 count, size = _folder_size(path)
-                note = f"  ({count} files: {FOREIGN_CACHES[path.name]})" if path.name in FOREIGN_CACHES else ""
+                note = (f"  ({count} files: {FOREIGN_CACHES[path.name]})"
+                        if path.name in FOREIGN_CACHES else "")
                 lines.append(f"{pad}{path.name}/  {_human(size)}{note}")
                 if path.name not in FOREIGN_CACHES:  # Inductor's or Triton's own: one line
                     _describe_folder(path, depth + 1, lines)
@@ -61,7 +63,8 @@ def _factor_lines(path: Path, pad: str) -> list[str]:
         return [f"{pad}· unreadable: {what} ({str(e).splitlines()[0][:120]})"]
     if not isinstance(factors, dict):
         return [f"{pad}· unreadable: a {type(factors).__name__}, not the factors' dict"]
-    return [f"{pad}· {k}: {f'{len(v)} files' if k == 'traced_files' and hasattr(v, '__len__') else v}"
+    return [f"{pad}· {k}: "
+            f"{f'{len(v)} files' if k == 'traced_files' and hasattr(v, '__len__') else v}"
             for k, v in factors.items()]
 
 

@@ -66,8 +66,9 @@ class Diff:
             kind = _kind(line)
             # display:block: each line its own block, so its background runs the full width; inline
             # styles only (a notebook viewer's sanitizer may drop <style> elements and classes)
-            style = "display:block" if kind is None else "display:block;background:{};color:{}{}".format(
-                *_STYLES[kind], ";font-weight:bold" if kind == "header" else "")
+            style = ("display:block" if kind is None
+                     else "display:block;background:{};color:{}{}".format(
+                         *_STYLES[kind], ";font-weight:bold" if kind == "header" else ""))
             rows.append(f'<span style="{style}">{html.escape(line) or " "}</span>')
         return ('<pre style="line-height:1.35;font-size:85%;overflow-x:auto;padding:4px">'
                 + "".join(rows) + "</pre>")

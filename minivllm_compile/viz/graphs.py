@@ -67,7 +67,10 @@ def table_text(rows: list[dict[str, Any]], max_width: int = 60) -> str:
     if not rows:
         return ""
     cols = list(rows[0])
-    cut = lambda v: v if len(v) <= max_width else v[:max_width - 1] + "…"
+
+    def cut(v: str) -> str:
+        return v if len(v) <= max_width else v[:max_width - 1] + "…"
+
     cell = [[cut(str(r[c])) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cell)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
@@ -133,7 +136,8 @@ def _split_edges(items: list[Any], split_gm: fx.GraphModule | None) -> list[tupl
                         arg = arg.args[0]
                     if arg.op == "call_module":
                         data.add((arg.target, node.target))
-    edges = [(a, b, True) for a, b in sorted(data, key=lambda e: (names.index(e[1]), names.index(e[0])))]
+    edges = [(a, b, True) for a, b in sorted(data,
+                                             key=lambda e: (names.index(e[1]), names.index(e[0])))]
     edges += [(a, b, False) for a, b in itertools.pairwise(names) if (a, b) not in data]
     return edges
 
@@ -192,7 +196,8 @@ def to_dot(obj: Any, pieces: Any = None, *, show_inputs: bool = False,
             lines += [f"  subgraph cluster_{k} {{", f"    label={_dot_str(group)}; style=dashed;"]
             lines += [f"    {d}" for d in decls] + ["  }"]
     for a, b, solid in edges:
-        lines.append(f"  {_dot_str(a)} -> {_dot_str(b)}" + ("" if solid else " [style=dashed]") + ";")
+        lines.append(f"  {_dot_str(a)} -> {_dot_str(b)}" + ("" if solid else " [style=dashed]")
+                     + ";")
     return "\n".join(lines + ["}"])
 
 

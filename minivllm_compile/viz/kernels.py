@@ -20,7 +20,8 @@ import torch.fx as fx
 
 from minivllm_compile.compiler_interface import capture_output_code
 
-# `name = async_compile.cpp_pybinding([...], r'''<C++>''')` or `async_compile.triton('name', '''<py>''')`
+# `name = async_compile.cpp_pybinding([...], r'''<C++>''')` or
+# `async_compile.triton('name', '''<py>''')`
 _KERNEL = re.compile(r"^(\w+) = async_compile\.(cpp_pybinding|triton)\(.*?'{3}(.*?)'{3}",
                      re.MULTILINE | re.DOTALL)
 
@@ -37,7 +38,8 @@ def kernel_sources(code: str) -> dict[str, str]:
 
 def kernel_signatures(code: str) -> list[str]:
     """One line per generated kernel: `cpp_fused_x_0(const float* in_ptr0, ..., const int64_t ks0)`
-    for a C++ kernel, `triton_poi_fused_x_0(in_ptr0, ..., xnumel, XBLOCK : tl.constexpr)` for Triton."""
+    for a C++ kernel, `triton_poi_fused_x_0(in_ptr0, ..., xnumel, XBLOCK :
+    tl.constexpr)` for Triton."""
     sigs = []
     for name, src in kernel_sources(code).items():
         params = re.search(r"(?:void\s+kernel|def \w+)\((.*?)\)", src, re.DOTALL)
@@ -68,7 +70,8 @@ def calls_in(code: str) -> dict[str, Counter]:
     body = _call_bodies(code)
     return {
         "fused": Counter(re.findall(r"^\s+((?:cpp|triton)_\w+?)(?:\.run)?\(", body, re.MULTILINE)),
-        "extern": Counter(f"extern_kernels.{m}" for m in re.findall(r"\bextern_kernels\.(\w+)\(", body)),
+        "extern": Counter(f"extern_kernels.{m}"
+                          for m in re.findall(r"\bextern_kernels\.(\w+)\(", body)),
         "ops": Counter(re.findall(r"\b(torch\.ops\.\w+\.\w+\.\w+|aten\.\w+\.\w+)\(", body)),
     }
 

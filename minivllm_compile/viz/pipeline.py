@@ -36,15 +36,17 @@ class Stage:
 
 
 def _decorated(model: Any) -> torch.nn.Module:
-    """The @support_torch_compile module: `lm.model` of a load_model/build_model result, or itself."""
+    """The @support_torch_compile module: `lm.model` of a
+    load_model/build_model result, or itself."""
     inner = getattr(model, "model", model)
     backend = getattr(inner, "backend", None)
     if backend is None or not hasattr(backend, "piecewise_backends"):
         raise ValueError("pipeline_facts needs a model built with CompilationMode.VLLM_COMPILE "
                          "(its backend is a VllmBackend)")
     if not backend.piecewise_backends:
-        raise ValueError("the model has not compiled here: call it once first. (A model loaded from an "
-                         "AOT artifact skips the backend: set VLLM_DISABLE_COMPILE_CACHE=1 to see every stage.)")
+        raise ValueError("the model has not compiled here: call it once first. (A model loaded "
+                         "from an AOT artifact skips the backend: set "
+                         "VLLM_DISABLE_COMPILE_CACHE=1 to see every stage.)")
     return inner
 
 
@@ -60,7 +62,8 @@ def _deltas(counters: Any) -> dict[str, int]:
 
 
 def _ranges(rs: list) -> str:
-    return ", ".join(f"{r.start}" if r.is_single_size() else f"{r.start}-{r.end}" for r in rs) or "none"
+    return ", ".join(f"{r.start}" if r.is_single_size() else f"{r.start}-{r.end}"
+                     for r in rs) or "none"
 
 
 def _op_names(gm: torch.fx.GraphModule) -> list[str]:
@@ -111,7 +114,8 @@ def pipeline_facts(model: Any, counters: Any = None) -> list[Stage]:
     manager = backend.compiler_manager
     stages.append(Stage("VllmBackend", "backends.py", "07, 09", "compile", [
         f"compiler: {manager.compiler.name}",
-        f"compile cache: {'off' if backend.cache_dir is None else '.../' + '/'.join(backend.cache_dir.parts[-3:])}"]))
+        # left long (E501): a replacement field cannot span lines before Python 3.12
+        f"compile cache: {'off' if backend.cache_dir is None else '.../' + '/'.join(backend.cache_dir.parts[-3:])}"]))  # noqa: E501
 
     items = backend.piecewise_graphs
     split = [it for it in items if it.is_splitting_graph]
@@ -128,7 +132,8 @@ def pipeline_facts(model: Any, counters: Any = None) -> list[Stage]:
     entries = list(pieces[0].range_entries)
     sizes = [r for r in entries if r.is_single_size()]
     ranges = [r for r in entries if not r.is_single_size()]
-    stages.append(Stage(f"PiecewiseBackend x {len(pieces)}", "piecewise_backend.py", "07", "compile", [
+    stages.append(Stage(f"PiecewiseBackend x {len(pieces)}", "piecewise_backend.py",
+                        "07", "compile", [
         f"compile sizes: {_ranges(sizes)} (static kernels)",
         f"compile ranges: {_ranges(ranges)} (dynamic)",
         (f"compilations: {len(pieces)} x {len(entries)} = "
@@ -167,7 +172,8 @@ def pipeline_facts(model: Any, counters: Any = None) -> list[Stage]:
 
     stages.append(Stage("later calls: __call__", "decorators.py, wrapper.py", "04", "runtime", [
         "Dynamo's transformed code run directly, no Dynamo" if m._compiled_bytecode is not None else
-        "the AOT function, no Dynamo" if m.aot_compiled_fn is not None else "through Dynamo's frame",
+        "the AOT function, no Dynamo" if m.aot_compiled_fn is not None
+        else "through Dynamo's frame",
         "inputs checked against the first call"], column=1))
     stages.append(Stage("stitching graph", "backends.py", "06, 08", "runtime", [
         f"calls {len(items) - len(split)} compiled pieces",
@@ -200,7 +206,8 @@ def draw_pipeline(model: Any, counters: Any = None, *, fmt: str = "png",
     ax.set_xlim(0, fig_w)
     ax.set_ylim(-total_h, 0)
     ax.axis("off")
-    ax.text(0.3, -0.25, title or "The pipeline, from this compile", fontsize=11, weight="bold", va="center")
+    ax.text(0.3, -0.25, title or "The pipeline, from this compile", fontsize=11,
+            weight="bold", va="center")
     for c, label in enumerate(("first call: trace and compile, once", "every later call")):
         ax.text(xs[c], -0.55, label, fontsize=9, style="italic", color="#444444", va="center")
     y = [-0.75, -0.75]
@@ -209,13 +216,15 @@ def draw_pipeline(model: Any, counters: Any = None, *, fmt: str = "png",
         x, w, h = xs[s.column], widths[s.column], height[id(s)]
         top = y[s.column]
         fill, line = COLOURS[s.kind]
-        ax.add_patch(FancyBboxPatch((x, top - h), w, h, facecolor=fill, edgecolor=line, linewidth=1.2,
+        ax.add_patch(FancyBboxPatch((x, top - h), w, h, facecolor=fill,
+                                    edgecolor=line, linewidth=1.2,
                                     boxstyle="round,pad=0.01,rounding_size=0.06"))
         ax.text(x + 0.08, top - pad - line_h / 2, s.name, fontsize=9, weight="bold", va="center")
         ax.text(x + w - 0.08, top - pad - line_h / 2, f"{s.where} · nb {s.notebook}", fontsize=7,
                 color=line, va="center", ha="right")
         for i, text in enumerate(s.lines):
-            ax.text(x + 0.12, top - pad - (i + 1.5) * line_h, text, fontsize=8, family="monospace", va="center")
+            ax.text(x + 0.12, top - pad - (i + 1.5) * line_h, text, fontsize=8,
+                    family="monospace", va="center")
         boxes[id(s)] = (x, top, w, h)
         y[s.column] = top - h - gap
     for c in (0, 1):

@@ -71,11 +71,13 @@ REWRITE_COLOURS = {"arg": "#dde8f5", "op": "#f5dcdc", "getitem": "#f5ecd0", "use
 
 def _place(ax: Any, columns: Sequence[Sequence[tuple]], gap: float = 0.5) -> dict:
     """Draws columns of boxed texts, (key, text, y, colour) each, left to right, each column `gap`
-    after the widest box of the one before; returns {key: (left edge, right edge, y)} (data units)."""
+    after the widest box of the one before; returns {key: (left edge, right
+    edge, y)} (data units)."""
     renderer = ax.figure.canvas.get_renderer()
     to_data = ax.transData.inverted()
     # the frame's pad (0.3 em of 8 pt) in data units
-    pad = 0.3 * 8 / 72 * ax.figure.dpi * (ax.get_xlim()[1] - ax.get_xlim()[0]) / ax.get_window_extent(renderer).width
+    pad = 0.3 * 8 / 72 * ax.figure.dpi * (ax.get_xlim()[1]
+                                          - ax.get_xlim()[0]) / ax.get_window_extent(renderer).width
     x, where = 0.1, {}
     for column in columns:
         right = x
@@ -95,8 +97,10 @@ def _arrow(ax: Any, where: dict, src: Any, dst: Any) -> None:
                 arrowprops={"arrowstyle": "->", "color": "0.35", "shrinkA": 1, "shrinkB": 1})
 
 
-def draw_rewrite(args: Mapping[str, str], hop: str, getitems: Mapping[int, tuple[str, Sequence[str]]],
-                 mutated: Mapping[int, str], call: str, readers_after: Mapping[int, Sequence[str]]) -> Figure:
+def draw_rewrite(args: Mapping[str, str], hop: str,
+                 getitems: Mapping[int, tuple[str, Sequence[str]]],
+                 mutated: Mapping[int, str], call: str,
+                 readers_after: Mapping[int, Sequence[str]]) -> Figure:
     """Two panels, the neighbourhood of one auto_functionalized node before and after
     FixFunctionalizationPass, as boxes and arrows.
 
@@ -109,14 +113,16 @@ def draw_rewrite(args: Mapping[str, str], hop: str, getitems: Mapping[int, tuple
     Before: arguments -> the wrapped op -> getitem [i] -> its readers. After: arguments -> the
     in-place call (below them), and each reader of [i] drawn reading argument mutated[i]."""
     c = REWRITE_COLOURS
-    row = {name: len(args) - 1 - i for i, name in enumerate(args)}  # one row per tensor argument, top down
+    # one row per tensor argument, top down
+    row = {name: len(args) - 1 - i for i, name in enumerate(args)}
     fig, axes = plt.subplots(2, 1, figsize=(9.5, 5.2))
     for ax, title in zip(axes, ("before: functional", "after FixFunctionalizationPass")):
         ax.set_title(title, fontsize=10)
         ax.set_xlim(0, 10)
         ax.set_ylim(-1.5, len(args) - 0.4)
         ax.axis("off")
-    fig.subplots_adjust(left=0.01, right=0.99, top=0.93, bottom=0.02, hspace=0.2)  # fixed: boxes are measured
+    # fixed: boxes are measured
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.93, bottom=0.02, hspace=0.2)
     fig.canvas.draw()  # so the text extents can be measured
     arg_column = [(name, f"{name}={node}", row[name], c["arg"]) for name, node in args.items()]
 
@@ -124,7 +130,8 @@ def draw_rewrite(args: Mapping[str, str], hop: str, getitems: Mapping[int, tuple
     readers = [(("user", i, j), u, row[mutated[i]] - 0.5 * j, c["user"])
                for i, (_, users) in getitems.items() for j, u in enumerate(users)]
     where = _place(ax, [arg_column, [("hop", hop, (len(args) - 1) / 2, c["op"])],
-                        [(i, f"{g} = [{i}]", row[mutated[i]], c["getitem"]) for i, (g, _) in getitems.items()],
+                        [(i, f"{g} = [{i}]", row[mutated[i]], c["getitem"])
+                         for i, (g, _) in getitems.items()],
                         readers])
     for name in args:
         _arrow(ax, where, name, "hop")
@@ -142,7 +149,8 @@ def draw_rewrite(args: Mapping[str, str], hop: str, getitems: Mapping[int, tuple
         _arrow(ax, where, name, "call")
     for i, users in readers_after.items():
         for j in range(len(users)):
-            _arrow(ax, where, mutated[i], ("user", i, j))  # [i]'s reader now reads what the op wrote
+            # [i]'s reader now reads what the op wrote
+            _arrow(ax, where, mutated[i], ("user", i, j))
     return fig
 
 
@@ -164,14 +172,17 @@ def plot_pass_effect(off: Mapping[str, float], on: Mapping[str, float], *, title
 
 # --- notebook 08: what reaches the dispatcher --------------------------------------------------
 
-def plot_dispatch_counts(seen: Mapping[str, Mapping[str, int]], ops: Sequence[str], *, xlabel: str = "",
+def plot_dispatch_counts(seen: Mapping[str, Mapping[str, int]], ops: Sequence[str], *,
+                         xlabel: str = "",
                          ax: Any = None) -> Figure:
     """Horizontal paired bars: for each op (top down, in `ops` order), its count in each run.
 
     seen: {run name: {op name: calls}}, e.g. {"eager": Counter, "compiled": Counter}; an op a run
-    never called counts 0. The first run is drawn grey (the upper bar of a pair), the second blue."""
+    never called counts 0. The first run is drawn grey (the upper bar of a
+    pair), the second blue."""
     ax = _axes(ax, (8, 4.2))
-    _grouped_bars(ax, seen, ops, width=0.4, horizontal=True, colours=dict(zip(seen, ("#aaaaaa", "#3d6fb6"))))
+    _grouped_bars(ax, seen, ops, width=0.4, horizontal=True,
+                  colours=dict(zip(seen, ("#aaaaaa", "#3d6fb6"))))
     ax.set_yticks(range(len(ops)), ops, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
@@ -228,7 +239,8 @@ def _span(s: Any) -> tuple[str, float, float, int]:
 
 def draw_timeline(spans: Iterable[Any], title: str = "", *,
                   rows: Sequence[str] = ("ranges", "ops in a range", "ops inside those"),
-                  range_prefixes: tuple[str, ...] = ("model.layers", "piece"), ax: Any = None) -> Figure:
+                  range_prefixes: tuple[str, ...] = ("model.layers", "piece"),
+                  ax: Any = None) -> Figure:
     """One step's profiler events Gantt-style, one row per nesting depth (depth 1 on top).
 
     spans: the step's events, each (name, start µs, end µs, depth) or an object with those
@@ -246,10 +258,12 @@ def draw_timeline(spans: Iterable[Any], title: str = "", *,
         if depth > len(rows) or end < lo or start > hi:
             continue
         y, dur = depth - 1, end - start
-        ax.barh(y, dur / 1e3, left=start / 1e3, height=0.8, color=timeline_colour(name), edgecolor="white",
+        ax.barh(y, dur / 1e3, left=start / 1e3, height=0.8, color=timeline_colour(name),
+                edgecolor="white",
                 linewidth=0.4)
         text = timeline_label(name)
-        if dur > (hi - lo) * (len(text) + 1) / 160 and (depth == 1 or name.startswith("minivllm::")):
+        if dur > (hi - lo) * (len(text) + 1) / 160 and (depth == 1
+                                                        or name.startswith("minivllm::")):
             ax.text((start + dur / 2) / 1e3, y, text, ha="center", va="center", fontsize=8,
                     color="white" if depth == 1 else "black", clip_on=True)
     ax.set_xlim(lo / 1e3, hi / 1e3)
@@ -267,8 +281,10 @@ def draw_timeline(spans: Iterable[Any], title: str = "", *,
 OLD, NEW = "#9dc3e6", "#f6c85f"
 
 
-def draw_conv_states(states: Sequence[Mapping[str, Any]], *, windows: Sequence[tuple[str, str]] = (),
-                     notes: Sequence[tuple[int, int, str]] = (), figsize: tuple[float, float] | None = None) -> Figure:
+def draw_conv_states(states: Sequence[Mapping[str, Any]], *,
+                     windows: Sequence[tuple[str, str]] = (),
+                     notes: Sequence[tuple[int, int, str]] = (), figsize: tuple[float, float]
+                     | None = None) -> Figure:
     """conv_state lines as rows of boxes, one row per state, top down.
 
     Each state is a dict: "title" (left of the row), "slots" (the token ids, 0 for an empty slot;
@@ -299,7 +315,8 @@ def draw_conv_states(states: Sequence[Mapping[str, Any]], *, windows: Sequence[t
         ax.text(s + 0.47, -1.4 * r + 0.95, text, color="red", ha="center", fontsize=8)
     handles = [Patch(color=OLD, label="old history"), Patch(color=NEW, label="new tokens (from x)"),
                *[Line2D([], [], color=c, ls="--", label=t) for c, t in windows]]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              fontsize=8, frameon=False)
     ax.set_xlim(-2.6, nslots + 0.1)
     ax.set_ylim(-1.4 * (nrows - 1) - 0.6, 1.0)
     ax.axis("off")
@@ -332,7 +349,8 @@ def plot_startups(seconds: Mapping[str, float], labels: Mapping[str, str], *, ti
 
 # --- notebook 12: the capstone's modes side by side ----------------------------------------------
 
-STEP_SHAPES = {"decode": ("decode: 4 seqs x 1 token", "#4c72b0"), "prefill": ("prefill: 32 tokens", "#dd8452")}
+STEP_SHAPES = {"decode": ("decode: 4 seqs x 1 token", "#4c72b0"),
+               "prefill": ("prefill: 32 tokens", "#dd8452")}
 
 
 def _short_mode(label: str) -> str:
@@ -348,14 +366,14 @@ def plot_modes(results: Mapping[str, Mapping[str, Any]], *, title: str = "",
     STEP_SHAPES ("decode", "prefill")."""
     labels = list(results)
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=80)
-    _grouped_bars(ax0, {name: {l: results[l]["latency_s"][shape] * 1e3 for l in labels}
+    _grouped_bars(ax0, {name: {lb: results[lb]["latency_s"][shape] * 1e3 for lb in labels}
                         for shape, (name, _) in STEP_SHAPES.items()},
                   labels, width=0.4, horizontal=True, colours=dict(STEP_SHAPES.values()))
-    ax0.set_yticks(range(len(labels)), [_short_mode(l) for l in labels])
+    ax0.set_yticks(range(len(labels)), [_short_mode(lb) for lb in labels])
     ax0.invert_yaxis()
     ax0.set_xlabel(latency_label)
     ax0.legend(fontsize=8, loc="lower right")
-    first = [results[l]["first_call_s"] for l in labels]
+    first = [results[lb]["first_call_s"] for lb in labels]
     bars = ax1.barh(range(len(labels)), first, color="#c44e52")
     ax1.bar_label(bars, fmt="%.1f s", padding=3, fontsize=8)
     ax1.set_yticks(range(len(labels)), [""] * len(labels))
