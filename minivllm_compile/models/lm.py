@@ -253,8 +253,22 @@ class LM:
             prompts, max_new_tokens, temperature, seed)
         if not prompts:
             return []
-        tok, cfg = self.tokenizer, self.config
-        seqs = [tok.encode(p) for p in prompts]
+        tok = self.tokenizer
+        outputs = self.generate_ids([tok.encode(p) for p in prompts], max_new_tokens, temperature,
+                                    seed)
+        return [tok.decode(o) for o in outputs]
+
+    @_one_call_at_a_time
+    def generate_ids(self, prompts: list[list[int]], max_new_tokens: int,
+                     temperature: float = 0.0, seed: int = 0) -> list[list[int]]:
+        """generate() on token ids: each prompt's continuation as ids (stopping after EOS), with
+        nothing lost to UTF-8 decoding. The prompts are lists of ids inside the vocabulary."""
+        cfg = self.config
+        seqs = [list(s) for s in prompts]
+        if not seqs:
+            return []
+        if min(len(s) for s in seqs) < 1:
+            raise ValueError("every prompt needs at least one token id")
         limit = cfg.max_position_embeddings
         if max(len(s) for s in seqs) + max_new_tokens > limit:
             raise ValueError(f"prompt plus max_new_tokens exceeds max_position_embeddings={limit}")
@@ -279,7 +293,7 @@ class LM:
                 if t != cfg.eos_token_id and len(outputs[i]) < max_new_tokens:
                     still.append(i)
             running, query_lens = still, [1] * len(still)
-        return [tok.decode(o) for o in outputs]
+        return outputs
 
     @staticmethod
     def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> torch.Tensor:

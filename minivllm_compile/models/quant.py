@@ -208,18 +208,6 @@ def quantize_linears(model: nn.Module, cfg, compilation_config: CompilationConfi
     return replaced
 
 
-def _greedy_ids(lm, prompt_ids: list[int], n: int) -> list[int]:
-    """Greedy continuation by full recompute (no cache): token ids, not text, so nothing is lost
-    to UTF-8 decoding; stops after EOS."""
-    ids = list(prompt_ids)
-    for _ in range(n):
-        t = torch.tensor(ids, device=lm.device)
-        ids.append(int(lm(t, torch.arange(len(ids), device=lm.device))[-1].argmax()))
-        if ids[-1] == lm.config.eos_token_id:
-            break
-    return ids[len(prompt_ids):]
-
-
 def measure_agreement(reference, quantized, prompts: list[str], max_new_tokens: int) -> dict:
     """How closely `quantized` (an LM) follows `reference` (another) on `prompts`, three ways:
 
@@ -238,8 +226,9 @@ def measure_agreement(reference, quantized, prompts: list[str], max_new_tokens: 
     prefixes = []
     for p in prompts:
         prompt_ids = tok.encode(p)
-        ref_cont = _greedy_ids(reference, prompt_ids, max_new_tokens)
-        q_cont = _greedy_ids(quantized, prompt_ids, max_new_tokens)
+        # greedy, KV-cached (prefill, then one decode step per token), as ids: stops after EOS
+        (ref_cont,) = reference.generate_ids([prompt_ids], max_new_tokens)
+        (q_cont,) = quantized.generate_ids([prompt_ids], max_new_tokens)
         prefixes.append(next((i for i, (x, y) in enumerate(zip(ref_cont, q_cont)) if x != y),
                              min(len(ref_cont), len(q_cont))))
         ids = torch.tensor(prompt_ids + ref_cont, device=reference.device)
