@@ -21,6 +21,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -156,23 +157,50 @@ class ir_dispatch_scope:  # a context manager, named as the function it was
     A plain class, not ExitStack and generators: it runs on every call. The providers each list
     resolves to are looked up once per config and list, and again if a provider is replaced."""
 
-    __slots__ = ("cc", "saved", "saved_wrap")
+    __slots__ = ("cc", "chosen")
 
     def __init__(self, cc: CompilationConfig):
         self.cc = cc
 
+    # The priority and the wrap are process-wide, as in vLLM (which sets them once per worker).
+    # Scopes of two threads overlap. So the module keeps the scopes open in any thread and the
+    # settings from before the first one opened: when a scope closes, the newest one still open
+    # is put in force, and when the last one closes, those first settings come back. Nothing a
+    # model set outlives its calls. (Known gap: while two threads run models of different IR
+    # configs at the same moment, a call may see the other model's settings.)
     def __enter__(self) -> None:
-        chosen = _resolved(self.cc.kernel_config.ir_op_priority)
-        self.saved = [(op, op._priority_impls) for op, _ in chosen]
-        for op, impls in chosen:
-            op._priority_impls = impls
-        self.saved_wrap = _op_module()._ENABLE_TORCH_WRAP
-        _op_module()._ENABLE_TORCH_WRAP = self.cc.ir_enable_torch_wrap
+        self.chosen = _resolved(self.cc.kernel_config.ir_op_priority)
+        with _scopes_lock:
+            module = _op_module()
+            if not _open_scopes:
+                _before["wrap"] = module._ENABLE_TORCH_WRAP
+            for op, _ in self.chosen:
+                _before_priority.setdefault(op, op._priority_impls)
+            _open_scopes.append(self)
+            self._apply(module)
 
     def __exit__(self, *exc: object) -> None:
-        for op, impls in self.saved:
+        with _scopes_lock:
+            module = _op_module()
+            _open_scopes.remove(self)
+            for op, impls in _before_priority.items():
+                op._priority_impls = impls
+            module._ENABLE_TORCH_WRAP = _before["wrap"]
+            if _open_scopes:
+                _open_scopes[-1]._apply(module)
+            else:
+                _before_priority.clear()
+
+    def _apply(self, module: Any) -> None:
+        for op, impls in self.chosen:
             op._priority_impls = impls
-        _op_module()._ENABLE_TORCH_WRAP = self.saved_wrap
+        module._ENABLE_TORCH_WRAP = self.cc.ir_enable_torch_wrap
+
+
+_scopes_lock = threading.Lock()
+_open_scopes: list[ir_dispatch_scope] = []  # open now, in any thread, oldest first
+_before: dict[str, Any] = {}  # the wrap before the first of them opened
+_before_priority: dict[Any, list] = {}  # each op's priority before the first scope set it
 
 
 @functools.cache

@@ -97,6 +97,16 @@ def _count_lowerings() -> None:
     GraphLowering.__init__ = counted
 
 
+def _traced() -> int:
+    """Frames Dynamo traced in this process: its own count, and this package's (the decorator's
+    AOT compile traces without adding to Dynamo's "frames" counter)."""
+    from torch._dynamo.utils import counters
+
+    from minivllm_compile.counter import compilation_counter
+
+    return counters["frames"]["total"] + compilation_counter.num_dynamo_traces
+
+
 _spawned = [0]  # processes started in this process (subprocess.Popen objects made)
 
 
@@ -124,13 +134,11 @@ def pytest_runtest_protocol(item, nextitem):
     if not (config.getoption("--quick") or record):
         yield
         return
-    from torch._dynamo.utils import counters
-
     _count_lowerings()
     _count_spawns()
-    frames, lowered, spawned = counters["frames"]["total"], _lowered[0], _spawned[0]
+    frames, lowered, spawned = _traced(), _lowered[0], _spawned[0]
     yield
-    traced, lowered = counters["frames"]["total"] - frames, _lowered[0] - lowered
+    traced, lowered = _traced() - frames, _lowered[0] - lowered
     spawned = _spawned[0] - spawned
     if record and (traced or lowered or spawned):
         with open(record, "a") as f:
@@ -142,12 +150,10 @@ def _quick_tier_compiles_nothing(request):
     if not request.config.getoption("--quick"):
         yield
         return
-    from torch._dynamo.utils import counters
-
     _count_lowerings()
-    frames, lowered = counters["frames"]["total"], _lowered[0]
+    frames, lowered = _traced(), _lowered[0]
     yield
-    traced, lowered = counters["frames"]["total"] - frames, _lowered[0] - lowered
+    traced, lowered = _traced() - frames, _lowered[0] - lowered
     if traced or lowered:
         pytest.fail(f"{request.node.nodeid} compiled ({traced} frames traced by Dynamo, {lowered} "
                     "graphs lowered by Inductor) in the quick tier: mark it @pytest.mark.compiles",

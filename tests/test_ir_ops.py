@@ -294,3 +294,48 @@ def test_a_provider_registered_later_is_not_in_a_priority_already_set(scratch_re
         assert my_double.dispatch(torch.ones(1)).provider == "native"
     with my_double.set_priority(["fast"]):
         assert my_double.dispatch(torch.ones(1)).provider == "fast"
+
+
+def test_overlapping_model_scopes_of_two_threads_leave_the_process_settings_as_they_were():
+    """Thread A enters a scope (wrap off, vllm_c), thread B another (wrap on, native); A closes
+    first, then B. The newest open scope stays in force while it runs, and at the end the wrap and
+    the priority are what they were before either opened (they used to end as A's had found them,
+    that is B's)."""
+    import threading
+
+    from minivllm_compile import CompilationConfig, CompilationMode
+    from minivllm_compile.ir import op as op_module
+    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
+
+    def cc(priority, mode):
+        return CompilationConfig(mode=mode, kernel_config=KernelConfig(
+            IrOpPriorityConfig.with_default(priority)))
+
+    a_cc = cc(["vllm_c", "native"], CompilationMode.NONE)  # the wrap resolves off
+    b_cc = cc(["native"], CompilationMode.VLLM_COMPILE)  # on
+    before = (op_module._ENABLE_TORCH_WRAP, list(ir.ops.rms_norm._priority_impls))
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def thread_a():
+        with ir_dispatch_scope(a_cc):
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def thread_b():
+        a_in.wait(10)
+        with ir_dispatch_scope(b_cc):
+            b_in.set()
+            a_out.wait(10)
+            seen["b_after_a_closed"] = (op_module._ENABLE_TORCH_WRAP,
+                                        ir.ops.rms_norm.get_priority()[0])
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads)
+    assert seen["b_after_a_closed"] == (True, "native")  # B's settings, still in force
+    assert (op_module._ENABLE_TORCH_WRAP, list(ir.ops.rms_norm._priority_impls)) == before

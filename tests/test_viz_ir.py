@@ -31,7 +31,8 @@ def test_ir_nodes_lists_each_ir_call_with_its_overload_and_input_shape():
         x = ir.ops.rms_norm(h, w, 1e-6)
         return ir.ops.fused_add_rms_norm.maybe_inplace(x * 2, r, w, 1e-6)
 
-    gm = make_fx(f, tracing_mode="fake")(torch.randn(3, 8), torch.randn(3, 8), torch.ones(8))
+    with ir.enable_torch_wrap(True):  # the IR ops as torch ops, whatever the process's default
+        gm = make_fx(f, tracing_mode="fake")(torch.randn(3, 8), torch.randn(3, 8), torch.ones(8))
     rows = ir_nodes(gm.graph)
     assert [(r["op"], r["overload"], r["x"]) for r in rows] == [
         ("rms_norm", "default", "[3, 8]"), ("fused_add_rms_norm", "maybe_inplace", "[3, 8]")]
