@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 CHILD = r"""
@@ -64,6 +65,7 @@ def same(a: Path, b: Path) -> bool:
     return torch.equal(torch.load(a), torch.load(b))  # bitwise
 
 
+@pytest.mark.compiles
 def test_the_mega_artifact_loads_without_the_backend(tmp_path):
     """The default on torch >= 2.12: the pieces are compiled with standalone_compile(aot=True) and
     their bytes go into the AOT file; nothing of them is saved beside it, and a load rebuilds the
@@ -87,6 +89,7 @@ def test_the_mega_artifact_loads_without_the_backend(tmp_path):
     assert same(tmp_path / "1.pt", tmp_path / "2.pt")
 
 
+@pytest.mark.compiles
 def test_the_mega_artifact_holds_identical_layers_once(tmp_path):
     """vLLM's StandaloneCompiledArtifacts keys each entry by its bytes' SHA-256: the middle pieces
     of identical layers compile to one artifact (CompilerManager reuses it), stored, counted and
@@ -102,6 +105,7 @@ def test_the_mega_artifact_holds_identical_layers_once(tmp_path):
     assert same(tmp_path / "1.pt", tmp_path / "2.pt")
 
 
+@pytest.mark.compiles
 def test_without_the_mega_artifact_the_backend_runs_again_and_loads_from_its_index(tmp_path):
     env = {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}
     _, first = start(tmp_path / "a", tmp_path / "1.pt", env)
@@ -130,6 +134,7 @@ def test_without_the_mega_artifact_the_backend_runs_again_and_loads_from_its_ind
     assert same(tmp_path / "1.pt", tmp_path / "2.pt")
 
 
+@pytest.mark.compiles
 def test_a_cache_that_cannot_be_written_is_still_read(tmp_path):
     """A shared cache another user filled: this process cannot write into it (its first write, the
     backend's cache_key_factors.json, fails), so it says so once and loads every piece from it."""
@@ -142,6 +147,7 @@ def test_a_cache_that_cannot_be_written_is_still_read(tmp_path):
     assert same(tmp_path / "1.pt", tmp_path / "2.pt")
 
 
+@pytest.mark.compiles
 def test_a_corrupt_piece_or_index_is_reported_once_and_rebuilt(tmp_path):
     env = {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}
     start(tmp_path, tmp_path / "1.pt", env)
@@ -171,6 +177,7 @@ def test_a_corrupt_piece_or_index_is_reported_once_and_rebuilt(tmp_path):
     assert proc.returncode != 0 and "VLLM_FORCE_AOT_LOAD=1 and the AOT artifact" in proc.stderr
 
 
+@pytest.mark.compiles
 def test_without_aot_compile_inductors_own_cache_serves_the_second_start(tmp_path):
     """VLLM_USE_AOT_COMPILE=0: as vLLM's standalone adaptor, nothing of ours is saved to load (no
     artifact, no index, no AOT file), and Inductor's and Triton's caches move into the rank's

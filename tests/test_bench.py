@@ -12,6 +12,9 @@ import pytest
 from minivllm_compile.bench import NAMES, code_stats, exit_code, targets
 from minivllm_compile.viz.kernels import call_stats
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 STATS = {"median", "min", "max", "q1", "q3", "n"}
 CODE_STATS = {"buffers", "buffer_bytes", "generated_kernels", "copy_kernels", "extern_calls",
               "op_calls", "copy_calls"}

@@ -39,6 +39,7 @@ def _run(*args, timeout):
     return proc, f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
 
 
+@pytest.mark.compiles
 def test_a_missing_browser_is_named_with_how_to_install_it():
     # needs neither chromium nor playwright: either one missing is reported, status 2
     proc, out = _run("--chromium", "/nonexistent/chromium", timeout=60)
@@ -46,6 +47,7 @@ def test_a_missing_browser_is_named_with_how_to_install_it():
     assert "MISSING" in proc.stderr and "install" in proc.stderr, out
 
 
+@pytest.mark.compiles
 @needs_browser
 def test_the_slider_of_notebook_07_changes_its_output():
     proc, out = _run("--timeout", "900", timeout=960)
@@ -53,6 +55,7 @@ def test_the_slider_of_notebook_07_changes_its_output():
     assert "PASSED" in proc.stdout and "the output changed" in proc.stdout, out
 
 
+@pytest.mark.compiles
 @needs_browser
 def test_a_student_works_exercise_06_1_a_wrong_answer_first():
     proc, out = _run("--exercise", "06.1", "--timeout", "600", timeout=660)
@@ -62,6 +65,7 @@ def test_a_student_works_exercise_06_1_a_wrong_answer_first():
         assert f"exercise 06.1: {what}" in proc.stdout, out
 
 
+@pytest.mark.compiles
 @needs_browser
 def test_feedback_that_gives_the_answer_away_fails_the_exercise_check(tmp_path):
     # a copy of the notebooks whose 06.1 cell prints the measured values on the first wrong try
@@ -77,6 +81,7 @@ def test_feedback_that_gives_the_answer_away_fails_the_exercise_check(tmp_path):
     assert "gives the right value away" in proc.stderr, out
 
 
+@pytest.mark.compiles
 def test_an_exercise_whose_answer_is_a_function_is_refused_with_a_reason():
     proc, out = _run("--exercise", "14.2", "--chromium", sys.executable, timeout=120)
     assert proc.returncode in (1, 2), out
@@ -84,6 +89,7 @@ def test_an_exercise_whose_answer_is_a_function_is_refused_with_a_reason():
         assert "asks for a function" in proc.stderr, out
 
 
+@pytest.mark.compiles
 @needs_browser
 def test_a_slider_whose_output_does_not_change_fails_the_check(tmp_path):
     import nbformat

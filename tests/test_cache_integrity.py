@@ -97,6 +97,7 @@ def refused_then_rebuilt_then_loaded(proc, results, why: str) -> None:
     assert loaded["num_aot_artifacts_loaded"] == 1 and loaded["num_inductor_compiles"] == 0, loaded
 
 
+@pytest.mark.compiles
 def test_a_flipped_bit_in_the_aot_file_is_noticed_and_the_file_rebuilt(tmp_path, toy):
     """Loaded where Inductor's own cache is empty (another machine, after a reboot), a flipped bit
     in an artifact's bytes used to give wrong numbers with no warning: the artifact's SHA-256 was
@@ -112,6 +113,7 @@ def test_a_flipped_bit_in_the_aot_file_is_noticed_and_the_file_rebuilt(tmp_path,
     refused_then_rebuilt_then_loaded(proc, results, "SHA-256")
 
 
+@pytest.mark.compiles
 def test_another_models_file_at_this_models_key_path_is_noticed(tmp_path, toy):
     """A file copied to the wrong key path (a cache assembled by hand, a bad sync) used to load and
     compute the other model's function. The artifact records which model
@@ -126,6 +128,7 @@ def test_another_models_file_at_this_models_key_path_is_noticed(tmp_path, toy):
     refused_then_rebuilt_then_loaded(proc, results, "it was built for another model")
 
 
+@pytest.mark.compiles
 def test_swapped_piece_files_without_the_mega_artifact_are_noticed(tmp_path, toy):
     """VLLM_USE_MEGA_AOT_ARTIFACT=0 keeps each piece's artifact in a file of its own, found through
     the CompilerManager's index. Two of them swapped used to load, and then fail at every call of

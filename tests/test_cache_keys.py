@@ -89,6 +89,7 @@ def backend_dirs(root: Path) -> list[Path]:
     return sorted((root / "torch_compile_cache").glob("*/rank_0_0/*"))
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("mega", ["1", "0"])
 def test_a_second_model_never_overwrites_the_first_ones_pieces(tmp_path, mega):
     """1 layer, then 2 layers of the same architecture, then 1 layer again: the third process loads
@@ -104,6 +105,7 @@ def test_a_second_model_never_overwrites_the_first_ones_pieces(tmp_path, mega):
     ok(*run(tmp_path, {"layers": 2}, env), loaded=True)
 
 
+@pytest.mark.compiles
 def test_a_constant_baked_into_the_trace_is_in_the_key(tmp_path):
     """rms_norm_eps is a Python float Dynamo makes a constant; with the guards dropped nothing would
     notice another value. A model differing only in it compiles afresh (it used to load the first
@@ -178,6 +180,7 @@ def make(name, cc):
 '''
 
 
+@pytest.mark.compiles
 def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path):
     """Two decorated classes with one config in the same file, and two instances of one class that
     differ only in a float attribute: each loads its own compiled code in the next process."""
@@ -196,6 +199,7 @@ def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path):
     assert len(backend_dirs(tmp_path / "cache")) == 4
 
 
+@pytest.mark.compiles
 def test_constants_in_dicts_objects_and_tuples_with_none_are_in_the_key(tmp_path):
     """A dict of options, a SimpleNamespace and a tuple holding None: Dynamo bakes what forward
     reads from them into the graph as surely as a float attribute. Four instances differing only
@@ -224,6 +228,7 @@ def user_pass(graph):
 '''
 
 
+@pytest.mark.compiles
 def test_editing_a_users_pass_recompiles(tmp_path):
     """A pass given as inductor_compile_config["post_grad_custom_post_pass"] is keyed by its source,
     not by its repr (an address, new in every process): unchanged it loads, edited it compiles and
@@ -244,6 +249,7 @@ def test_editing_a_users_pass_recompiles(tmp_path):
     assert "USER PASS v2" in proc.stderr
 
 
+@pytest.mark.compiles
 def test_editing_the_compilers_own_pass_recompiles(tmp_path):
     """An edit to this package's passes (here: NoOpEliminationPass's module) invalidates what was
     compiled before it: the package's compiler source is a factor of the key, as vLLM's release is
@@ -282,6 +288,7 @@ NoOpEliminationPass.__call__ = _edited
     assert "EDITED NOOP PASS RAN" in proc.stderr
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("mode", ["VLLM_COMPILE", "DYNAMO_TRACE_ONCE"])
 def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mode):
     """Compiled for int64 ids, the model used to read int32 ids as int64 and the process died
@@ -308,6 +315,7 @@ def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mo
         assert len(list((tmp_path / "torch_compile_cache" / "torch_aot_compile").glob("*"))) == 2
 
 
+@pytest.mark.compiles
 def test_a_moved_cache_still_loads_and_a_shared_one_is_readable(tmp_path):
     """Piece paths in the AOT file are relative to the cache root, so a cache moved (or copied to
     another machine) loads where VLLM_CACHE_ROOT now points; files get the mode an ordinary open()

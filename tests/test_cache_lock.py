@@ -57,6 +57,7 @@ def take_lock(directory: Path, within: float = 60) -> BaseException | None:
     return outcome[0]
 
 
+@pytest.mark.compiles
 def test_a_held_lock_is_named_then_given_up_on_then_taken_once_free(tmp_path, monkeypatch, caplog):
     directory, flag = tmp_path / "model", tmp_path / "held"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -91,6 +92,7 @@ def test_a_held_lock_is_named_then_given_up_on_then_taken_once_free(tmp_path, mo
             holder.wait(timeout=30)
 
 
+@pytest.mark.compiles
 def test_a_record_left_by_a_killed_holder_is_not_believed(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, timeout=60, check=True)

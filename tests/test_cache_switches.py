@@ -67,6 +67,7 @@ def test_force_aot_load_where_nothing_can_be_loaded_is_refused(cache_on, monkeyp
         lm(torch.arange(5), torch.arange(5))
 
 
+@pytest.mark.compiles
 def test_force_disable_caches_acts_as_the_cache_switch(cache_on, caplog):
     """Inductor's force_disable_caches in inductor_compile_config turns the compile cache off, as
     VLLM_DISABLE_COMPILE_CACHE=1 does (vLLM's is_compile_cache_enabled). The AOT save used to run
@@ -111,6 +112,7 @@ print("RESULT " + json.dumps({"errors": errors,
 """
 
 
+@pytest.mark.compiles
 def test_a_cache_root_with_a_space_compiles_with_aot_or_standalone_off(tmp_path):
     """With AOT or standalone_compile off, Inductor's own cache moves into the compile cache; its
     C++ compile command does not quote paths, so a space there failed every compile with

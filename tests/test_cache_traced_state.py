@@ -91,6 +91,7 @@ def cells(k: int = 2, b: int = 0) -> list[str]:
     return [ACT.format(k=k), MODEL.format(b=b)]
 
 
+@pytest.mark.compiles
 def test_a_model_edited_in_a_notebook_cell_is_never_served_its_old_compiled_forward(tmp_path):
     """Notebook cells are no files on disk (IPython keeps their text in linecache): vLLM's check of
     the traced files skips them, and a class or helper edited in a cell used to load the compiled
@@ -145,6 +146,7 @@ except Exception as e:
 """
 
 
+@pytest.mark.compiles
 def test_a_model_defined_in_python_c_is_never_saved_so_never_served_stale(tmp_path):
     """`python -c` (or exec) leaves no source to read: the cache cannot tell an edited forward from
     this one, so it saves nothing and says so (vLLM hashes "<string>" by its name: an edited
@@ -257,6 +259,7 @@ print("RESULT " + json.dumps(results))
 """
 
 
+@pytest.mark.compiles
 def test_values_baked_into_the_graph_are_checked_when_it_is_loaded(tmp_path):
     """Dynamo bakes every plain value forward reads into the graph as a constant, and its guards on
     them are dropped. Six kinds used to be missing from the key, so a second process loaded the

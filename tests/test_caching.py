@@ -20,6 +20,9 @@ from minivllm_compile import (
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.cache import describe_cache
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 CHILD = r"""
 import json, sys, torch
 sys.path.insert(0, sys.argv[3]) if len(sys.argv) > 3 else None

@@ -49,6 +49,7 @@ def test_inductor_options_that_are_aliases_are_accepted():
         CompilationConfig(inductor_compile_config={"force_disable_cache": True})
 
 
+@pytest.mark.compiles
 def test_a_home_relative_cache_dir_is_expanded(tmp_path, monkeypatch):
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     cwd.mkdir()

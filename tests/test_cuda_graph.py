@@ -25,6 +25,9 @@ from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
 from minivllm_compile.monitor import set_cudagraph_capturing_enabled
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 VLLM = CompilationMode.VLLM_COMPILE
 # padding changes the matmuls' shapes, so the sums may associate differently: float32 rounding only
 TOL = dict(atol=1e-5, rtol=1e-5)

@@ -121,6 +121,7 @@ class _Branchy(nn.Module):
         return x * 2 if x.shape[0] > 8 else x - 1
 
 
+@pytest.mark.compiles
 def test_rerun_finds_the_narrowest_switch_for_a_shape_specialisation():
     cc = CompilationConfig(
         mode=CompilationMode.VLLM_COMPILE,
@@ -166,6 +167,7 @@ def _compile_with_dump(path):
     lm(torch.arange(4) + 1, torch.arange(4))
 
 
+@pytest.mark.compiles
 def test_debug_dump_path_holds_the_transformed_code_and_every_piece(tmp_path):
     pytest.importorskip("depyf")
     _compile_with_dump(tmp_path)
@@ -182,6 +184,7 @@ def test_debug_dump_path_holds_the_transformed_code_and_every_piece(tmp_path):
     assert any(n.startswith("__compiled_fn_") for n in names)
 
 
+@pytest.mark.compiles
 def test_debug_dump_path_without_depyf_still_holds_the_code_and_the_pieces(
     tmp_path, monkeypatch, caplog
 ):
@@ -220,6 +223,7 @@ class _DonatesThenReads(nn.Module):
         return out + h
 
 
+@pytest.mark.compiles
 def test_rerun_finds_the_ir_wrap_for_a_model_that_breaks_the_ir_contract(compile_every_time):
     """Under Inductor with the wrap on, the IR's pre-grad pass refuses the graph; with the wrap off
     Dynamo traces the provider itself and the model runs: the IR switch is the narrowest."""

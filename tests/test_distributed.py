@@ -30,6 +30,9 @@ from minivllm_compile.distributed import (
 from minivllm_compile.models import ModelConfig, build_model, check_tensor_parallel_size, load_model
 from minivllm_compile.models.loader import checkpoint_tensors, load_checkpoint_shards
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 
 @contextlib.contextmanager
 def as_rank(rank: int, size: int):

@@ -26,6 +26,7 @@ def generated_code(lm) -> str:
     return "\n".join("\n".join(e.code) for e in lm.model.backend.compiler_manager.entries)
 
 
+@pytest.mark.compiles
 def test_the_pass_unwraps_every_silu_and_mul_and_changes_no_output():
     eager = build_model("llama", num_layers=2)
     user_pass = SiluAndMulToNativePass()

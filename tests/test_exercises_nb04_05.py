@@ -14,6 +14,7 @@ def test_04_1_a_malformed_answer_says_what_shape_to_give():
         nb04.grade_two_models({"traces": [1, 0]})
 
 
+@pytest.mark.compiles
 def test_04_1_asks_about_a_wrong_entry_without_naming_it_and_restores_the_hook_setting(monkeypatch):
     monkeypatch.delenv("VLLM_USE_BYTECODE_HOOK", raising=False)
     # measure again: the setting must be put back by the measurement
@@ -28,6 +29,7 @@ def test_04_1_asks_about_a_wrong_entry_without_naming_it_and_restores_the_hook_s
     assert "VLLM_USE_BYTECODE_HOOK" not in os.environ
 
 
+@pytest.mark.compiles
 def test_04_2_an_in_place_write_is_allowed():
     answer = {"rebind": (True, 3), "add_": (True, 3), "+=": (True, 3), "int attribute": (False, 1)}
     with pytest.raises(ExerciseFailed) as failed:
@@ -47,6 +49,7 @@ def test_05_2_a_swapped_table_computes_something_else_and_the_stock_table_is_unt
     assert torch._inductor.config.enable_auto_functionalized_v2 is True  # the patch is undone
 
 
+@pytest.mark.compiles
 def test_the_static_retrace_exercise_04_1_teaches_is_also_warned_about(caplog):
     import logging
 
@@ -61,6 +64,7 @@ def test_the_static_retrace_exercise_04_1_teaches_is_also_warned_about(caplog):
             and "VLLM_USE_BYTECODE_HOOK" in warned[0])
 
 
+@pytest.mark.compiles
 def test_instances_of_one_class_with_the_hook_on_and_off_keep_their_own_traces(caplog):
     """Issue 21 item 12: a hook-on instance's first call ran remove_from_cache on forward's code
     object, which every instance shared; a hook-off instance then traced again, outside a first

@@ -37,6 +37,7 @@ def test_06_1_refuses_a_malformed_answer_saying_what_to_give():
                                              "aten::pow.default": set()})
 
 
+@pytest.mark.compiles
 def test_07_1_asks_about_each_wrong_lookup_and_restores_the_cache_switch(monkeypatch):
     from minivllm_compile.exercises import nb07
 

@@ -10,6 +10,7 @@ from minivllm_compile.exercises import ExerciseFailed, nb17
 from minivllm_compile.viz.debugging import run_and_compare
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("key", sorted(nb17.CASES))
 def test_each_broken_model_goes_wrong_as_configured(key):
     case = nb17.CASES[key]
@@ -25,6 +26,7 @@ def test_17_1_fails_the_broken_model_as_its_own_fix():
         nb17.grade_graph_break({"turn_off": "mode=NONE", "fix": nb17.Checked})
 
 
+@pytest.mark.compiles
 def test_17_1_wants_the_nan_check_kept():
     class Unchecked(nb17.Checked):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,6 +50,7 @@ def test_17_1_says_a_broader_switch_turns_off_too_much():
         nb17.grade_graph_break({"turn_off": "enforce_eager", "fix": None})
 
 
+@pytest.mark.compiles
 def test_17_2_fails_the_broken_model_as_its_own_fix():
     with pytest.raises(ExerciseFailed, match="does not match eager: wrong at 4 tokens"):
         nb17.grade_shape({"turn_off": "mode=STOCK_TORCH_COMPILE", "fix": nb17.TwoPath})
@@ -60,11 +63,13 @@ def test_17_2_names_the_switches_when_given_something_else():
         nb17.grade_shape("mode=STOCK_TORCH_COMPILE")
 
 
+@pytest.mark.compiles
 def test_17_3_fails_the_broken_pass_as_its_own_fix():
     with pytest.raises(ExerciseFailed, match="with your pass the compiled model still goes wrong"):
         nb17.grade_pass({"turn_off": "passes off", "fix": nb17.double_to_add})
 
 
+@pytest.mark.compiles
 def test_17_3_says_backend_eager_turns_off_more_than_the_passes():
     with pytest.raises(ExerciseFailed, match="turns off more than the broken piece"):
         nb17.grade_pass({"turn_off": "backend=eager", "fix": nb17.pass_solution()["fix"]})

@@ -81,6 +81,7 @@ def _self_copies(text: str) -> list[str]:
 
 # --- the models, piece by piece ----------------------------------------------------------------
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("name, num_layers", [("llama", 2), ("hybrid", 2)])
 def test_no_listed_op_is_left_functional_in_any_piece(name, num_layers):
     """Before the fix, each piece after an attention (or conv) op kept its first
@@ -244,6 +245,7 @@ def _chain(read_between: bool):
             compiled.backend.post_grad_pass_manager.fix_functionalization)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("read_between", [False, True])
 def test_chained_in_place_ops_on_one_buffer_match_eager(read_between):
     out, r_compiled, ref, r_eager, piece, fix = _chain(read_between)
@@ -265,6 +267,7 @@ def test_chained_in_place_ops_on_one_buffer_match_eager(read_between):
         assert "copy_" not in after  # the write-back became a self-copy and was erased
 
 
+@pytest.mark.compiles
 def test_without_the_read_later_guard_the_chain_computes_a_wrong_result(monkeypatch):
     """vLLM's pass rewrites every listed node; on the reordered chain that overwrites a value a
     later node still reads. The test above would catch it."""

@@ -71,6 +71,7 @@ def test_two_eager_models_in_two_threads_each_get_their_own_logits():
     assert run_side_by_side(lms, ids, pos) == []
 
 
+@pytest.mark.compiles
 def test_two_compiled_models_in_two_threads_each_get_their_own_logits():
     """A Llama and a hybrid: two classes sharing one `forward` (HybridModel inherits it), whose
     __code__ the bytecode hook swaps during each call. Eager backend: Dynamo is what is tested."""
@@ -119,6 +120,7 @@ def test_one_model_called_from_two_threads_serves_each_call_whole():
     assert problems == []
 
 
+@pytest.mark.compiles
 def test_two_compiled_decoders_called_straight_from_two_threads_each_get_their_own_output():
     """lm.model(...) itself, from two threads at once, no LM and no lock in between: a Llama and a
     hybrid, whose classes share one forward (HybridModel inherits it). With the shared

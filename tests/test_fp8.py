@@ -22,6 +22,9 @@ from minivllm_compile.models import CHECKPOINTS, load_model
 from minivllm_compile.models.quant import Fp8Config, Fp8Linear, measure_agreement, scaled_mm_runs
 from minivllm_compile.tour import PROMPTS
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 ops = torch.ops.minivllm
 FP8_DIR = CHECKPOINTS / "tiny-llama-fp8"
 EPS = 1e-5

@@ -9,6 +9,7 @@ from minivllm_compile.models import load_model
 from minivllm_compile.startup import run_in_fresh_process, start_child
 
 
+@pytest.mark.compiles
 @pytest.mark.compiles  # the child traces with Dynamo (eager backend: no Inductor)
 def test_a_mode_runs_in_its_own_process_and_reports_its_counters(tmp_path):
     r = run_mode("STOCK_TORCH_COMPILE", backend="eager", device="cpu", work_dir=tmp_path,
@@ -28,6 +29,7 @@ def test_a_mode_runs_in_its_own_process_and_reports_its_counters(tmp_path):
     assert logits.shape == (4 * len(PROMPTS), eager.config.vocab_size)
 
 
+@pytest.mark.compiles
 def test_a_child_that_fails_raises_with_its_error():
     # the child's environment is this one with the overrides: this one fails at the package's import
     with pytest.raises(RuntimeError, match=r"(?s)start_child failed in a fresh process \(exit 1\).*"

@@ -5,9 +5,12 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.compiles
 def test_the_gpu_scripts_parse():
     for script in ("gpu_check.sh", "gpu_wheels.sh"):
         proc = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)],
@@ -15,6 +18,7 @@ def test_the_gpu_scripts_parse():
         assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.compiles
 def test_gpu_check_refuses_a_time_scale_it_cannot_use(tmp_path):
     env = {**os.environ, "GPU_CHECK_TIME_SCALE": "1.5"}
     env.pop("OUT", None)

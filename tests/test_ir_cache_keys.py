@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from minivllm_compile import CompilationConfig, CompilationMode, cache_keys
 from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
 
@@ -77,6 +79,7 @@ def loaded(result: dict) -> bool:
     return result["num_aot_artifacts_loaded"] == 1
 
 
+@pytest.mark.compiles
 def test_a_changed_priority_compiles_afresh(tmp_path):
     assert not loaded(run(tmp_path, {"priority": ["native"]}))
     assert not loaded(run(tmp_path, {"priority": ["vllm_c", "native"]}))
@@ -84,6 +87,7 @@ def test_a_changed_priority_compiles_afresh(tmp_path):
     assert loaded(run(tmp_path, {"priority": ["vllm_c", "native"]}))
 
 
+@pytest.mark.compiles
 def test_an_edited_provider_compiles_afresh_and_runs_the_new_body(tmp_path):
     """A provider of the user's own, outside this package (whose source is a factor already): with
     the edit, the next start must not load the kernels lowered from the old body. The edit changes

@@ -70,6 +70,7 @@ def _triton_here() -> bool:
     return "triton" in ir.ops.rms_norm.supported_providers()  # a GPU, or the interpreter (conftest)
 
 
+@pytest.mark.compiles
 def test_tiny_llama_under_every_priority_keeps_its_logits(monkeypatch):
     before = _before("tiny-llama", monkeypatch)
     eager = load_model("tiny-llama")
@@ -87,6 +88,7 @@ def test_tiny_llama_under_every_priority_keeps_its_logits(monkeypatch):
         assert not lowering.unlowered
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("name", ["tiny-hybrid", "tiny-llama-fp8"])
 def test_the_other_checkpoints_keep_their_logits(name, monkeypatch):
     before = _before(name, monkeypatch)
@@ -122,6 +124,7 @@ def _ir_targets(gm) -> list[str]:
     return [str(n.target) for n in gm.graph.nodes if "minivllm_ir" in str(n.target)]
 
 
+@pytest.mark.compiles
 def test_under_dynamo_the_ir_op_is_one_node_and_without_the_wrap_the_provider_is_traced():
     wrapped = build_model("llama", num_layers=2, compilation_config=_cc("native", backend="eager",
                                                                        ir_enable_torch_wrap=True))
@@ -208,6 +211,7 @@ def test_the_lowering_logs_its_choices_and_warns_about_what_it_left(caplog):
 # --- in the compiler: order, the in-place provider, the uuids
 # --------------------------------------
 
+@pytest.mark.compiles
 def test_the_pass_order_is_vllms_and_the_backend_installs_the_pre_grad_pass():
     cc = _cc("native", pass_config=PassConfig(fuse_norm_quant=True, fuse_act_quant=True,
                                               enable_qk_norm_rope_fusion=True))
@@ -241,6 +245,7 @@ def _fix_norms(lm, stage: str = "before") -> dict[str, int]:
 
 
 # the name alone is 103 columns; renaming the test would change its id
+@pytest.mark.compiles
 def test_an_in_place_provider_is_lowered_in_place_and_the_seeds_path_still_needs_fix_functionalization():  # noqa: E501
     """vllm_c with the wrap on (vLLM 0.33): the lowering inserts the in-place calls itself, on
     copies the clone elimination then removes, so FixFunctionalization has no norm left to fix.

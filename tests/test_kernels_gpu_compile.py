@@ -12,6 +12,7 @@ import pytest
 from minivllm_compile.kernels._compat import HAS_TRITON
 
 
+@pytest.mark.compiles
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_every_kernel_variant_compiles_for_sm90():
     # a fresh process: the kernels must be decorated with the interpreter off

@@ -30,6 +30,7 @@ def test_a_bad_logging_level_names_the_variable(monkeypatch):
         envs.VLLM_LOGGING_LEVEL
 
 
+@pytest.mark.compiles
 def test_a_line_per_piece_and_range_inductor_compiles(caplog):
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, compile_sizes=[4],
                            max_num_batched_tokens=8)

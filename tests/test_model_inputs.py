@@ -21,6 +21,9 @@ from safetensors.torch import load_file, save_file
 
 from minivllm_compile.models import build_model, load_model
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

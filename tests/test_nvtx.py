@@ -1,6 +1,7 @@
 """Layerwise profiler ranges (seed §12): per layer when eager, per piece and
 splitting op when compiled."""
 
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -23,6 +24,7 @@ def test_eager_model_gets_one_range_per_decoder_layer():
     assert _ranges(build_model("llama", num_layers=3)) == []  # off by default
 
 
+@pytest.mark.compiles
 def test_piecewise_model_gets_ranges_around_pieces_and_splitting_ops():
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager",
                            enable_layerwise_nvtx_tracing=True, max_num_batched_tokens=16)
@@ -31,6 +33,7 @@ def test_piecewise_model_gets_ranges_around_pieces_and_splitting_ops():
                      "model.layers.1.self_attn.attn", "piece 2 (compiled)"]
 
 
+@pytest.mark.compiles
 def test_a_model_loaded_from_the_cache_keeps_its_ranges(tmp_path, monkeypatch):
     from minivllm_compile import compilation_counter
 

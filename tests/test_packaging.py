@@ -5,6 +5,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +52,7 @@ def test_shipped_checkpoints_are_small_and_have_a_loss_curve():
             assert (folder / f).is_file(), f"{name}/{f}"
 
 
+@pytest.mark.compiles
 def test_a_warm_start_does_not_import_the_pattern_matcher():
     """The cache key builds the pass manager; with the fusion passes off (the default) that must not
     import Inductor's pattern matcher (and its lowerings): about a second of a warm start."""

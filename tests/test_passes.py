@@ -44,6 +44,9 @@ from minivllm_compile.passes import (
 )
 from minivllm_compile.viz.kernels import call_stats
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 N = 9
 OURS = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul")
 # one Llama layer: input norm, post-attention add+norm, final add+norm, RoPE, SiLU-and-mul

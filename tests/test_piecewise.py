@@ -17,6 +17,9 @@ from minivllm_compile.models import build_model
 from minivllm_compile.partition_rules import should_split, warn_unknown_splitting_ops
 from minivllm_compile.piecewise_backend import create_concrete_args, get_fake_args_from_graph
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 L = 2
 SIZES, ENDPOINTS, MAX = [4, 8], [8], 24  # 8 is also a range end: a size wins over its range
 

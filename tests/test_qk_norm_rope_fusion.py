@@ -115,6 +115,7 @@ def _entry_code(lm) -> dict[Range, list[bool]]:
     return found
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_every_attention_layer_is_fused_and_outputs_match_at_every_size_and_range(custom_ops):
     def make(cc):
@@ -139,6 +140,7 @@ def test_every_attention_layer_is_fused_and_outputs_match_at_every_size_and_rang
         assert flags == [False, True, False, True, False], (r, flags)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_the_trained_hybrid_is_fused_and_generates_the_same_text(custom_ops):
     def make(cc):
@@ -160,6 +162,7 @@ def test_the_trained_hybrid_is_fused_and_generates_the_same_text(custom_ops):
     assert lm.generate(prompts, max_new_tokens=24) == eager.generate(prompts, max_new_tokens=24)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("custom_ops, is_neox",
                          [("all", False), ("none", False), ("none,+rms_norm", True),
                                                   ("all,-rms_norm", True)])
@@ -180,6 +183,7 @@ def test_gpt_j_style_rope_and_mixed_forms_are_fused_too(custom_ops, is_neox):
     assert any(f"is_neox = {is_neox}" in t for t in after)
 
 
+@pytest.mark.compiles
 def test_off_by_default():
     assert PassConfig().enable_qk_norm_rope_fusion is False
     lm = build_model("hybrid", num_layers=2,
@@ -192,6 +196,7 @@ def test_off_by_default():
     assert not any(any(flags) for flags in _entry_code(lm).values())
 
 
+@pytest.mark.compiles
 def test_a_model_without_qk_norm_runs_unchanged_with_the_pass_on():
     def make(cc):
         return build_model("llama", num_layers=2, compilation_config=cc)
@@ -209,6 +214,7 @@ def test_a_model_without_qk_norm_runs_unchanged_with_the_pass_on():
                         for run in runs)
 
 
+@pytest.mark.compiles
 def test_range_gating_fuses_only_up_to_max_token_num():
     cc = _cfg(max_token_num=8, compile_sizes=[], compile_ranges_endpoints=[],
               max_num_batched_tokens=32)

@@ -278,6 +278,7 @@ def _check_no_copy_left(lm) -> None:
 
 # --- the fp8 model: everything fused, outputs unchanged ------------------------------------------
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_every_norm_and_activation_quant_is_fused_and_outputs_match(custom_ops):
     passes = QuantFusions()
@@ -292,6 +293,7 @@ def test_every_norm_and_activation_quant_is_fused_and_outputs_match(custom_ops):
         assert all(d == 0 for (name, _), d in diffs.items() if name == "unfused"), diffs
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_bf16_model_fuses_too(custom_ops):
     """The plain-torch forms cast to fp32 and back in bf16, so their patterns are registered per
@@ -347,6 +349,7 @@ def _fp8_with_eps(tmp_path, eps: float):
     return tmp_path
 
 
+@pytest.mark.compiles
 def test_eps_is_read_from_the_graph_and_a_pattern_for_another_eps_refuses(tmp_path, monkeypatch):
     """The search ignores floats; Inductor's check re-traces the pattern with the match's inputs,
     and the eps burned into the pattern must equal the graph's."""
@@ -396,6 +399,7 @@ def test_a_norm_whose_weight_dtype_differs_is_not_fused():
 # --- nothing to match
 # ------------------------------------------------------------------------------
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("custom_ops", ["all", "none"])
 def test_an_unquantized_model_runs_unchanged(custom_ops):
     passes = QuantFusions()
@@ -449,6 +453,7 @@ def test_matched_count_is_per_call_and_the_table_sums_them():
     assert VllmPatternMatcherPass.match_table["RMSNormQuantFusionPass"] == before
 
 
+@pytest.mark.compiles
 def test_the_pass_config_flags_run_both_passes_in_vllms_order():
     """fuse_norm_quant and fuse_act_quant (vLLM's names; off by default here, while vLLM's
     optimization level turns them on at O1-O3 when the custom ops they fuse are enabled,
@@ -479,6 +484,7 @@ def test_the_pass_config_flags_run_both_passes_in_vllms_order():
     _check_no_copy_left(lm)
 
 
+@pytest.mark.compiles
 def test_off_by_default_no_fused_op_is_called():
     """Off by default as behaviour, not only as the fields' value: the fp8 model compiled with
     PassConfig's defaults runs neither pass, and no fused op reaches the post-grad graph or the

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from minivllm_compile.tour import PROMPTS
 
 
+@pytest.mark.compiles
 def test_the_tour_runs(tmp_path):
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0"}
     env.pop("TRITON_INTERPRET", None)  # the tour must set it up itself

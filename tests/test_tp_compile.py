@@ -10,6 +10,9 @@ import torch
 
 from minivllm_compile import launch
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 TOKENS = 7
 
 

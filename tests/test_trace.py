@@ -18,6 +18,9 @@ from minivllm_compile.models import build_model
 from minivllm_compile.viz import trace as trace_mod
 from minivllm_compile.viz.trace import torch_trace, trace, trace_script
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -51,6 +51,7 @@ def cfg(mode=ONCE, **kw):
     return CompilationConfig(mode=mode, backend=kw.pop("backend", "eager"), **kw)
 
 
+@pytest.mark.compiles
 def test_one_trace_serves_every_num_tokens_with_inductor():
     """The tiny Llama, traced once and compiled whole by Inductor, runs 1..64 tokens with no new
     trace and matches eager."""
@@ -69,6 +70,7 @@ def test_one_trace_serves_every_num_tokens_with_inductor():
     assert lm.model.compiled
 
 
+@pytest.mark.compiles
 def test_mark_dynamic_leaves_one_symint_for_num_tokens():
     """dynamic=False, yet num_tokens is a SymInt: mark_dynamic overrides it
     for the marked dims (§7)."""
@@ -85,6 +87,7 @@ def test_mark_dynamic_leaves_one_symint_for_num_tokens():
     assert all(isinstance(s, int) for s in hidden.meta["example_value"].shape)  # the rest is static
 
 
+@pytest.mark.compiles
 def test_stock_recompiles_on_a_shape_branch_trace_once_does_not():
     stock_cfg = cfg(CompilationMode.STOCK_TORCH_COMPILE)
     stock_model = Branchy(compilation_config=stock_cfg)
@@ -107,6 +110,7 @@ def test_stock_recompiles_on_a_shape_branch_trace_once_does_not():
     torch.testing.assert_close(out, once.lin(x3) * 2)
 
 
+@pytest.mark.compiles
 def test_hook_on_never_enters_dynamo_after_the_first_call():
     m = Branchy(compilation_config=cfg())
     m(torch.randn(8, 8))
@@ -117,6 +121,7 @@ def test_hook_on_never_enters_dynamo_after_the_first_call():
     assert entries.count == 0
 
 
+@pytest.mark.compiles
 def test_hook_off_enters_dynamo_on_every_call(hook_off):
     m = Branchy(compilation_config=cfg())
     m(torch.randn(8, 8))
@@ -127,6 +132,7 @@ def test_hook_off_enters_dynamo_on_every_call(hook_off):
     assert entries.count == 7
 
 
+@pytest.mark.compiles
 def test_two_instances_each_get_their_own_trace():
     a, b = Branchy(compilation_config=cfg()), Branchy(compilation_config=cfg())
     x = torch.randn(6, 8)
@@ -138,6 +144,7 @@ def test_two_instances_each_get_their_own_trace():
     assert not torch.allclose(ya, yb)  # each ran its own weights
 
 
+@pytest.mark.compiles
 def test_guards_all_dropped_by_default():
     m = Branchy(compilation_config=cfg())
     m(torch.randn(8, 8))
@@ -146,6 +153,7 @@ def test_guards_all_dropped_by_default():
     assert not any(row.kept for row in m.guard_table)
 
 
+@pytest.mark.compiles
 def test_evaluate_guards_raises_on_an_unexpected_specialisation(hook_off):
     m = Branchy(compilation_config=cfg(
         dynamic_shapes_config=DynamicShapesConfig(evaluate_guards=True)))
@@ -164,6 +172,7 @@ def test_settings_needing_the_hook_off_are_refused_at_construction(ds, monkeypat
         Branchy(compilation_config=cfg(dynamic_shapes_config=ds))
 
 
+@pytest.mark.compiles
 def test_user_guard_filter_fn_is_overwritten_outside_stock():
     """Seed §4: the user's guard_filter_fn is replaced unless the mode is STOCK_TORCH_COMPILE."""
     calls = []
@@ -182,6 +191,7 @@ def test_user_guard_filter_fn_is_overwritten_outside_stock():
     assert len(calls) == 1 and calls[0] > 0
 
 
+@pytest.mark.compiles
 def test_traced_files_include_the_model_and_inlined_helpers():
     cc = cfg()
     lm = build_model("llama", num_layers=1, compilation_config=cc)
@@ -193,6 +203,7 @@ def test_traced_files_include_the_model_and_inlined_helpers():
     assert torch.nn.modules.sparse.__file__ in cc.traced_files
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("ds_type", list(DynamicShapesType))
 def test_every_dynamic_shapes_type_compiles_the_llama(ds_type, monkeypatch):
     if ds_type == DynamicShapesType.UNBACKED:
@@ -207,6 +218,7 @@ def test_every_dynamic_shapes_type_compiles_the_llama(ds_type, monkeypatch):
                                        atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.compiles
 def test_hybrid_compiles_once_and_generates_like_eager():
     lm = build_model("hybrid", num_layers=2, compilation_config=cfg())
     eager = build_model("hybrid", num_layers=2)
@@ -226,6 +238,7 @@ class Counting(nn.Module):
         return self.lin(x)
 
 
+@pytest.mark.compiles
 def test_buffer_mutation_is_refused_and_the_line_named():
     # refused only under a CUDA-graph mode, as in vLLM (tests/test_cuda_graph.py: allowed without)
     model = support_torch_compile(type("CountingModel", (Counting,), {}))(
@@ -264,6 +277,7 @@ def test_modes_none_and_ignore_do_not_compile():
             assert m.do_not_compile
 
 
+@pytest.mark.compiles
 def test_transformed_code_is_dumped(tmp_path):
     m = Branchy(compilation_config=cfg(debug_dump_path=str(tmp_path)))
     m(torch.randn(6, 8))
@@ -271,6 +285,7 @@ def test_transformed_code_is_dumped(tmp_path):
     assert "__compiled_fn" in text
 
 
+@pytest.mark.compiles
 def test_decorator_forms_and_their_errors():
     class Plain(nn.Module):
         def forward(self, x, n: int):
@@ -299,6 +314,7 @@ def test_a_first_call_dynamo_would_specialise_is_refused_clearly():
         m(torch.randn(1, 8))
 
 
+@pytest.mark.compiles
 def test_lm_compiles_in_a_warmup_run_so_one_token_first_is_fine():
     lm = build_model("llama", num_layers=1, compilation_config=cfg())
     eager = build_model("llama", num_layers=1)
@@ -309,6 +325,7 @@ def test_lm_compiles_in_a_warmup_run_so_one_token_first_is_fine():
                                    eager(torch.arange(9), torch.arange(9)))
 
 
+@pytest.mark.compiles
 def test_a_refused_buffer_mutation_stays_refused():
     model = support_torch_compile(type("CountingModel2", (Counting,), {}))(
         compilation_config=cfg(cudagraph_mode="FULL"))
@@ -318,6 +335,7 @@ def test_a_refused_buffer_mutation_stays_refused():
     assert model._compiled_bytecode is None
 
 
+@pytest.mark.compiles
 def test_later_calls_the_trace_does_not_fit_are_refused_naming_the_fix():
     """The guards are dropped, so only this check stands between a strided or retyped input and
     compiled code that reads it as the first call's (a non-contiguous tensor used to fail inside a
@@ -336,6 +354,7 @@ def test_later_calls_the_trace_does_not_fit_are_refused_naming_the_fix():
     torch.testing.assert_close(m(x[:5]), m.forward(x[:5]))  # num_tokens is free
 
 
+@pytest.mark.compiles
 def test_the_lm_hands_its_compiled_decoder_what_it_was_traced_for():
     lm = build_model("llama", num_layers=1, compilation_config=cfg())
     eager = build_model("llama", num_layers=1)
@@ -355,6 +374,7 @@ class Plain(nn.Module):
         return self.lin(x) * 2
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("mode", [CompilationMode.VLLM_COMPILE, ONCE])
 def test_evaluate_guards_under_vllm_compile_lets_one_token_through(hook_off, monkeypatch, mode):
     """vLLM's VllmBackend lowers a backed size's range from [2, ...] to [0, ...] under
@@ -392,6 +412,7 @@ def test_compilation_context_raises_the_cache_limits_only():
         assert (gm.add_global_state_guard, gm.add_torch_function_mode_stack_guard) == before
 
 
+@pytest.mark.compiles
 def test_global_state_is_not_guarded_with_evaluate_guards(hook_off):
     """The one hook-off setting that keeps guards keeps SHAPE_ENV only: a changed thread count (part
     of GLOBAL_STATE) neither retraces nor trips fail_on_recompile."""
@@ -409,6 +430,7 @@ def test_global_state_is_not_guarded_with_evaluate_guards(hook_off):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("aot", ["0", "1"])
 def test_torch_compile_disable_runs_the_model_eagerly(aot, tmp_path):
     """TORCH_COMPILE_DISABLE=1 is mode=NONE, as in vLLM (config/vllm.py): nothing traced or saved.
@@ -465,6 +487,7 @@ def test_the_first_compile_runs_under_one_named_set_of_patches():
     assert not hasattr(model, "_input_checks")  # no side effect: the decorator's first call sets it
 
 
+@pytest.mark.compiles
 def test_the_backend_gets_the_models_cache_key_factors_as_an_argument():
     """VllmBackend(model_factors=...) asks for them when Dynamo hands it the graph; a decorated
     model passes its own (known at its first call), a backend used on its own keys without them."""
@@ -496,6 +519,7 @@ class _Wrapped(TorchCompileWithNoGuardsWrapper):
         return self.model(x)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("hook", ["1", "0"])
 def test_the_wrapper_keeps_dynamos_guards_under_stock_torch_compile(hook, monkeypatch):
     """vLLM's test_torch_compile_wrapper: trace-once serves the 3-token call with the 4-token trace
@@ -517,6 +541,7 @@ def test_the_wrapper_keeps_dynamos_guards_under_stock_torch_compile(hook, monkey
         _Wrapped(_ShapeBranch(), CompilationMode.NONE)
 
 
+@pytest.mark.compiles
 def test_stock_torch_compile_logs_the_traces_own_time(caplog):
     """STOCK_TORCH_COMPILE is compiled by its caller, outside monitor_torch_compile: the logged
     "Dynamo bytecode transform time" used to be measured from 0, i.e. the seconds since the
@@ -553,6 +578,7 @@ class NumpyScale(nn.Module):
 NumpyScale = support_torch_compile(NumpyScale)
 
 
+@pytest.mark.compiles
 def test_a_numpy_scalar_read_as_a_float_is_explained_under_vllm_compile(monkeypatch):
     """Dynamo reads a numpy scalar attribute as a 0-d tensor input and float() of it as an unbacked
     float. DYNAMO_TRACE_ONCE compiles the graph whole and runs it; VLLM_COMPILE's pieces failed deep

@@ -14,6 +14,9 @@ import minivllm_compile
 from minivllm_compile import CompilationConfig, CompilationMode, viz
 from minivllm_compile.models import build_model
 
+# every test here compiles, or shares a module fixture that does: whole suite only
+pytestmark = pytest.mark.compiles
+
 PNG = b"\x89PNG\r\n\x1a\n"
 REAL_DOT = shutil.which("dot")
 

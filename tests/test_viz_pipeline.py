@@ -31,6 +31,7 @@ def _stage(stages, prefix):
     return stage
 
 
+@pytest.mark.compiles
 def test_the_boxes_hold_the_compiles_numbers(no_cache):
     lm, before, deltas = _compiled("eager", 2, compile_sizes=[2], compile_ranges_endpoints=[4],
                                    max_num_batched_tokens=16)
@@ -64,6 +65,7 @@ def test_the_boxes_hold_the_compiles_numbers(no_cache):
     assert [s.lines for s in pipeline_facts(lm.model, deltas)] == [s.lines for s in stages]
 
 
+@pytest.mark.compiles
 def test_inductor_and_its_passes_are_drawn_as_png_and_svg(no_cache):
     lm, _, deltas = _compiled("inductor", 1, compile_sizes=[], compile_ranges_endpoints=[],
                                    max_num_batched_tokens=16,
