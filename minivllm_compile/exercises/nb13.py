@@ -3,14 +3,12 @@ whose attention pieces are identical, and write a pattern that the real model's 
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
-from minivllm_compile.exercises import ExerciseFailed, exercise, measured_once
+from minivllm_compile.exercises import ExerciseFailed, env, exercise, measured_once, quiet
 
 MAX_TOKENS = 16  # max_num_batched_tokens of every grader's model: small ranges compile fast
 LIMIT = 8  # 13.1's qk_norm_rope_fusion_max_token_num
@@ -22,26 +20,13 @@ def _compiling() -> Iterator[None]:
     passes); the switch and the pass log are put back as they were."""
     from minivllm_compile.passes import VllmPatternMatcherPass
 
-    saved_env = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
     saved_table = VllmPatternMatcherPass.match_table.copy()
-    # quiet: Inductor's "nothing to save" (the cache is off), and the grader's compile progress
-    logs = {logging.getLogger("torch._inductor.standalone_compile"): logging.ERROR,
-            logging.getLogger("minivllm_compile"): logging.WARNING}
-    saved_levels = {log: log.level for log in logs}
-    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-    for log, level in logs.items():
-        log.setLevel(level)
     try:
-        yield
+        with env(VLLM_DISABLE_COMPILE_CACHE="1"), quiet():
+            yield
     finally:
-        if saved_env is None:
-            os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
-        else:
-            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = saved_env
         VllmPatternMatcherPass.match_table.clear()
         VllmPatternMatcherPass.match_table.update(saved_table)
-        for log, level in saved_levels.items():
-            log.setLevel(level)
 
 
 def _config(*, custom_ops: list[str], pass_config=None, user_pass=None):

@@ -3,8 +3,6 @@ priority list and `supports_args`, and register a provider of your own that the 
 
 from __future__ import annotations
 
-import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,7 +10,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from minivllm_compile.exercises import ExerciseFailed, exercise
+from minivllm_compile.exercises import ExerciseFailed, env, exercise, quiet
 
 MAX_TOKENS = 16
 WIDE = 64  # 15.1's made-up kernel takes rows of at least this many elements
@@ -20,26 +18,10 @@ WIDE = 64  # 15.1's made-up kernel takes rows of at least this many elements
 
 @contextmanager
 def _compiling() -> Iterator[None]:
-    """Every compile really compiles (a cache hit skips the lowering); the switch and the log
-    levels are put back as they were."""
-    saved_env = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
-    logs = {
-        logging.getLogger("torch._inductor.standalone_compile"): logging.ERROR,
-        logging.getLogger("minivllm_compile"): logging.WARNING,
-    }
-    saved_levels = {log: log.level for log in logs}
-    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-    for log, level in logs.items():
-        log.setLevel(level)
-    try:
+    """Every compile really compiles (a cache hit skips the lowering), quietly; the switch and the
+    log levels are put back as they were."""
+    with env(VLLM_DISABLE_COMPILE_CACHE="1"), quiet():
         yield
-    finally:
-        if saved_env is None:
-            os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
-        else:
-            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = saved_env
-        for log, level in saved_levels.items():
-            log.setLevel(level)
 
 
 @contextmanager
