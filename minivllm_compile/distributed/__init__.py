@@ -30,6 +30,7 @@ from minivllm_compile.distributed.parallel_state import (
     model_parallel_is_initialized,
     tensor_parallel_disabled,
 )
+from minivllm_compile.distributed.rank_check import RankMismatchError, check_same_on_all_ranks
 from minivllm_compile.distributed.utils import (
     default_weight_loader,
     divide,
@@ -45,13 +46,14 @@ from minivllm_compile.distributed.vocab_parallel_embedding import (
 )
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "DEFAULT_VOCAB_PADDING_SIZE", "ColumnParallelLinear", "GroupCoordinator",
-    "LinearBase", "LogitsProcessor", "MergedColumnParallelLinear", "ParallelLMHead",
-    "QKVParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "default_weight_loader",
+    "ColumnParallelLinear", "DEFAULT_TIMEOUT_S", "DEFAULT_VOCAB_PADDING_SIZE",
+    "GroupCoordinator", "LinearBase", "LogitsProcessor", "MergedColumnParallelLinear",
+    "ParallelLMHead", "QKVParallelLinear", "RankMismatchError", "RowParallelLinear",
+    "VocabParallelEmbedding", "check_same_on_all_ranks", "default_weight_loader",
     "destroy_distributed_environment", "destroy_model_parallel", "divide",
     "get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size", "get_tp_group",
     "get_world_group", "init_distributed_environment", "initialize_model_parallel",
-    "model_parallel_is_initialized", "pad_vocab_size", "set_weight_attrs", "sharded_weight_loader",
-    "tensor_model_parallel_all_gather", "tensor_model_parallel_all_reduce",
-    "tensor_parallel_disabled",
+    "model_parallel_is_initialized", "pad_vocab_size", "set_weight_attrs",
+    "sharded_weight_loader", "tensor_model_parallel_all_gather",
+    "tensor_model_parallel_all_reduce", "tensor_parallel_disabled",
 ]

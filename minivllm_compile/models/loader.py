@@ -6,6 +6,8 @@ float8_e4m3fn `weight`, a float32 scalar `weight_scale` and `input_scale`; a sta
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -153,13 +155,27 @@ def load_checkpoint_weights(model: nn.Module, lm_head: nn.Linear, cfg, path: str
 # (the single-process path above is unchanged; this one hands every whole checkpoint tensor to the
 # parameter's weight_loader, which keeps this rank's rows or columns: vLLM's load_weights loop)
 
+def tensor_digests(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Each tensor's dtype, shape and a SHA-256 of its bytes (a few ms for these checkpoints)."""
+    out = {}
+    for name, t in sorted(tensors.items()):
+        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        out[name] = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}:" \
+            f"{hashlib.sha256(raw.tobytes()).hexdigest()[:16]}"
+    return out
+
+
 def load_checkpoint_shards(model: nn.Module, lm_head: nn.Module, cfg,
                            tensors: dict[str, torch.Tensor], source: str) -> None:
     """Fill a tensor-parallel `model` and `lm_head` with this rank's shard of `tensors` (a whole
     checkpoint, by Hugging Face names; `source` names it in errors). The same names are required as
     on one rank; each shape is checked by the layer against the whole, unsharded tensor."""
     from minivllm_compile.distributed import default_weight_loader
+    from minivllm_compile.distributed.rank_check import check_same_on_all_ranks
 
+    # every rank must shard the same checkpoint: else the all-reduces sum parts of two models
+    check_same_on_all_ranks("checkpoint", {"config": dataclasses.asdict(cfg),
+                                            "weights": tensor_digests(tensors)})
     params = {f"model.{n}": p for n, p in model.named_parameters()}
     params["lm_head.weight"] = lm_head.weight
     spec = expected_checkpoint(params, cfg)  # its names do not depend on the shapes
