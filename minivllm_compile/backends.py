@@ -592,7 +592,7 @@ class VllmBackend:
         """The split graph, every piece's graph in it, as readable Python: into the cache folder,
         and into debug_dump_path when set (with the cache off too: the pieces are what one
         debugs)."""
-        dump = self.compilation_config.debug_dump_path
+        dump = self.compilation_config.compile_debug_dump_path()
         if self.cache_dir is None and not dump:
             return
         src = "from __future__ import annotations\nimport torch\n" + \

@@ -558,6 +558,19 @@ class CompilationConfig:
         ends = sorted(set(self.compile_ranges_endpoints) | {self.max_num_batched_tokens})
         return [Range(s + 1, e) for s, e in zip([0, *ends[:-1]], ends)]
 
+    def compile_debug_dump_path(self) -> str | None:
+        """Where this process dumps its compile: debug_dump_path itself in one process; from TP=2
+        on, its `rank_{rank}_dp_0` folder below it (vLLM's VllmConfig.compile_debug_dump_path adds
+        that folder in one process too), so the ranks' graphs do not overwrite each other."""
+        if not self.debug_dump_path:
+            return None
+        from minivllm_compile.distributed import parallel_state
+
+        world = parallel_state._WORLD
+        if world is None or world.world_size == 1:
+            return self.debug_dump_path
+        return os.path.join(self.debug_dump_path, f"rank_{world.rank}_dp_0")
+
     def inductor_config_and_guard_filter(self) -> tuple[dict[str, Any], Any]:
         """inductor_compile_config without "guard_filter_fn", and that function (or None). It rides
         in the same dict in vLLM but is an option of torch.compile, not an Inductor setting:

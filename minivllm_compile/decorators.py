@@ -30,6 +30,10 @@ from minivllm_compile.config import (
     DynamicShapesType,
 )
 from minivllm_compile.counter import compilation_counter
+from minivllm_compile.distributed.parallel_state import (
+    get_tensor_model_parallel_world_size,
+    peers_may_be_compiling,
+)
 from minivllm_compile.distributed.rank_check import check_same_on_all_ranks
 from minivllm_compile.kernel_config import ir_dispatch_scope
 from minivllm_compile.monitor import monitor_torch_compile
@@ -281,15 +285,20 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
     def __init__(self, *args: Any, compilation_config: CompilationConfig | None = None,
                  **kwargs: Any):
         config = compilation_config or CompilationConfig(mode=CompilationMode.NONE)
-        # under TP, before anything is built: every rank must build this model the same way
-        check_same_on_all_ranks("compilation config", {
-            "model_class": f"{type(self).__module__}.{type(self).__qualname__}",
-            "compilation_config": {**config.hash_factors(), "mode": config.mode.name,
-                                   "cudagraph_mode": str(config.cudagraph_mode)}})
+        # built sharded (TP > 1): every rank must build it the same way; checked before anything
+        # is built. A model built whole inside a TP process (tensor_parallel_disabled) is one
+        # rank's own business: it communicates with no one
+        tp_size = get_tensor_model_parallel_world_size()
+        if tp_size > 1:
+            check_same_on_all_ranks("compilation config", {
+                "model_class": f"{type(self).__module__}.{type(self).__qualname__}",
+                "compilation_config": {**config.hash_factors(), "mode": config.mode.name,
+                                       "cudagraph_mode": str(config.cudagraph_mode)}})
         if "compilation_config" in inspect.signature(old_init).parameters:
             kwargs["compilation_config"] = config
         old_init(self, *args, **kwargs)
         self.compilation_config = config
+        self._tp_size = tp_size
         self.do_not_compile = (
             config.mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE)
             or getattr(type(self), IGNORE_COMPILE_KEY, False)
@@ -362,10 +371,14 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         self.input_spec = input_spec(self, args, kwargs, dynamic_arg_dims, mark_unbacked_dims)
         self._input_checks = _compile_checks(self, self.input_spec)
         self.model_factors = cache_keys.model_factors(self, self.input_spec)
-        # under TP, before loading or compiling: the cache key's factors, from every rank alike
-        check_same_on_all_ranks("compile cache key",
-                                cache_keys.aot_cache_key(self, self.compilation_config,
-                                                         self.model_factors)[1])
+        if getattr(self, "_tp_size", 1) > 1:
+            # before loading or compiling: the cache key's factors, from every rank alike
+            check_same_on_all_ranks("compile cache key",
+                                    cache_keys.aot_cache_key(self, self.compilation_config,
+                                                             self.model_factors)[1])
+            # a peer may load or compile for longer than a collective waits: the first one
+            # after this waits up to the compile timeout
+            peers_may_be_compiling()
         self._parameter_layout = parameter_layout(self)
         aot.refuse_forced_load_without_aot(self.compilation_config)
         use_aot = caching.use_aot_compile(self.compilation_config)

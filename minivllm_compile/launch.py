@@ -8,11 +8,12 @@ choosing it and using it, and nothing listens beyond loopback. Every rank joins 
 
 It never waits without bound: a rank that fails or dies makes the others fail at their next
 collective (gloo sees the closed connection at once; a stuck rank shows after
-`distributed_timeout` seconds), and whatever still runs `distributed_timeout` seconds after the
-first failure is killed; the whole run is bounded by `timeout`. Whatever happens, even an
-interrupt in a notebook, every process it started is killed on the way out (the whole process
-group of each rank, so a compile worker of a rank goes too), and a rank whose launcher dies is
-killed by the kernel (Linux). The error names the rank that failed first and how.
+`distributed_timeout` seconds, or `compile_timeout` where its peers wait for it to compile), and
+whatever still runs `distributed_timeout` seconds after the first failure is killed; the whole
+run is bounded by `timeout`. Whatever happens, even an interrupt in a notebook, every process it
+started is killed on the way out (the whole process group of each rank, so a compile worker of a
+rank goes too), and a rank whose launcher dies is killed by the kernel (Linux). The error names
+the rank that failed first and how.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from minivllm_compile.distributed import by_value
-from minivllm_compile.distributed.parallel_state import DEFAULT_TIMEOUT_S
+from minivllm_compile.distributed.parallel_state import DEFAULT_COMPILE_TIMEOUT_S, DEFAULT_TIMEOUT_S
 
 # after the first failure, the others get the collective timeout and this much (or that timeout
 # again, if shorter) to fail on their own, so that their errors reach their logs
@@ -103,15 +104,17 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 
 def run(fn: Callable, tp: int = 2, *, args: tuple = (), kwargs: dict | None = None,
-        timeout: float = 600.0, distributed_timeout: float = DEFAULT_TIMEOUT_S, port: int = 0,
+        timeout: float = 600.0, distributed_timeout: float = DEFAULT_TIMEOUT_S,
+        compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S, port: int = 0,
         backend: str | None = None, echo: bool = False) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `tp` ranks and return each rank's result, by rank.
 
     `fn` may be defined in a notebook cell (it is sent by value). `backend`: "gloo" (CPU tensors,
     the default without `tp` GPUs) or "nccl" (rank r on cuda:r). `timeout` bounds the whole run
-    and `distributed_timeout` every collective (seconds). `echo` prints every rank's output
-    afterwards. Raises LaunchError naming the rank that failed first, LaunchTimeout (a
-    TimeoutError), or OSError for a busy `port`."""
+    and `distributed_timeout` every collective (seconds), but the first after a compiled model's
+    first call, which waits up to `compile_timeout` for the peers to finish compiling. `echo`
+    prints every rank's output afterwards. Raises LaunchError naming the rank that failed first,
+    LaunchTimeout (a TimeoutError), or OSError for a busy `port`."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
     if backend is None:
@@ -121,6 +124,7 @@ def run(fn: Callable, tp: int = 2, *, args: tuple = (), kwargs: dict | None = No
         backend = "nccl" if enough_gpus else "gloo"
     job = {"fn": by_value.dumps(fn), "args": tuple(args), "kwargs": dict(kwargs or {}), "tp": tp,
            "world_size": tp, "backend": backend, "distributed_timeout": distributed_timeout,
+           "compile_timeout": compile_timeout,
            "sys_path": [p for p in sys.path if p]}
     sock = _bind(port)  # first: a busy port is refused before anything exists
     job_dir = Path(tempfile.mkdtemp(prefix="minivllm_launch_"))
@@ -250,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     ap.add_argument("--distributed-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help="seconds a rank waits in a collective for a peer that died or hangs")
+    ap.add_argument("--compile-timeout", type=float, default=DEFAULT_COMPILE_TIMEOUT_S,
+                    help="seconds a rank waits for its peers to finish compiling")
     a = ap.parse_args(argv)
     work = {"model": a.model, "prompts": a.prompt or ["def main("],
             "max_new_tokens": a.max_new_tokens, "forward": a.forward,
@@ -260,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         _check_model(a.model, a.tp)
         lines = _rank_main(**work) if a.tp == 1 else run(
             _rank_main, a.tp, kwargs=work, timeout=a.timeout,
-            distributed_timeout=a.distributed_timeout, port=a.port)[0]
+            distributed_timeout=a.distributed_timeout, compile_timeout=a.compile_timeout,
+            port=a.port)[0]
     except (LaunchError, OSError, ValueError) as e:  # (a LaunchTimeout is an OSError)
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -294,7 +301,8 @@ def _external_rank(a: argparse.Namespace, work: dict) -> int:
     from minivllm_compile.distributed import parallel_state
 
     parallel_state.init_distributed_environment(world_size, rank, "env://",
-                                                timeout=a.distributed_timeout)
+                                                timeout=a.distributed_timeout,
+                                                compile_timeout=a.compile_timeout)
     parallel_state.initialize_model_parallel(a.tp)
     try:
         lines = _rank_main(**work)

@@ -83,7 +83,7 @@ def depyf_debug(compilation_config: CompilationConfig) -> Iterator[None]:
     VLLM_COMPILE, depyf dumps what Dynamo and the backend produce there (the transformed code, the
     Dynamo graph before and after the split, each piece's graph). Without depyf, the dump still
     gets transformed_code.py (disassembled) and computation_graph_<tag>.py."""
-    path = compilation_config.debug_dump_path
+    path = compilation_config.compile_debug_dump_path()
     if not path or compilation_config.mode != CompilationMode.VLLM_COMPILE:
         yield
         return

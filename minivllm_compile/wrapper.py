@@ -284,7 +284,7 @@ class TorchCompileWithNoGuardsWrapper:
             frame = frame.f_back
         if frame is None or frame.f_locals["frame"].f_locals.get("self") is not self:
             return  # another instance of the same class is being compiled
-        dump = self.compilation_config.debug_dump_path
+        dump = self.compilation_config.compile_debug_dump_path()
         if dump:
             path = Path(dump) / "transformed_code.py"
             path.parent.mkdir(parents=True, exist_ok=True)

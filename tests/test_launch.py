@@ -74,9 +74,7 @@ def tp2():
                                    if n.op == "call_function" and "all_reduce" in str(n.target)]
         return out
 
-    # distributed_timeout: one rank may still compile while the other waits at its first
-    # all-reduce, for longer than the default on a busy machine
-    return launch.run(compare, tp=2, timeout=400, distributed_timeout=300)
+    return launch.run(compare, tp=2, timeout=400)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-hybrid"])

@@ -65,12 +65,10 @@ def _ranks_compile(root: str, warm: bool):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("tp_cache"))
-    # distributed_timeout: one rank may still compile while the other waits at its first
-    # all-reduce, for longer than the default on a busy machine
-    cold = launch.run(_ranks_compile, tp=2, kwargs={"root": root, "warm": False}, timeout=500,
-                      distributed_timeout=300)
-    warm = launch.run(_ranks_compile, tp=2, kwargs={"root": root, "warm": True}, timeout=300,
-                      distributed_timeout=300)
+    # the default timeouts: a rank that finds the other's pieces in the shared Inductor cache
+    # waits at its first all-reduce for the compile timeout, not the collective one
+    cold = launch.run(_ranks_compile, tp=2, kwargs={"root": root, "warm": False}, timeout=500)
+    warm = launch.run(_ranks_compile, tp=2, kwargs={"root": root, "warm": True}, timeout=300)
     return root, cold, warm
 
 

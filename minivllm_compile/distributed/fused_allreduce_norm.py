@@ -48,6 +48,7 @@ def flashinfer_trtllm_fused_allreduce_norm(
     if group.world_size != world_size:
         raise ValueError(f"flashinfer_trtllm_fused_allreduce_norm: group {group_name!r} has "
                          f"{group.world_size} ranks, the graph was built for {world_size}")
+    group.wait_for_compiling_peers()
     dist.all_reduce(allreduce_in, group=group.device_group)
     if norm_out is None:
         normed, summed = ir.ops.fused_add_rms_norm(allreduce_in, residual, rms_gamma, rms_eps)

@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 # vLLM's ParallelConfig.distributed_timeout_seconds leaves torch's default (10 min for NCCL, 30 for
 # gloo); here a dead or stuck rank must surface in well under a minute, as an error
 DEFAULT_TIMEOUT_S = 45.0
+# but a rank that found its pieces in the shared Inductor cache, or compiled faster, reaches its
+# first collective while a peer may compile for minutes: that one wait gets this long instead
+DEFAULT_COMPILE_TIMEOUT_S = 600.0
 
 _group_name_counter: dict[str, int] = {}
 _groups: dict[str, Callable[[], GroupCoordinator | None]] = {}
@@ -85,8 +88,10 @@ class GroupCoordinator:
     fallback does."""
 
     def __init__(self, group_ranks: list[list[int]], local_rank: int, backend: str, group_name: str,
-                 timeout: datetime.timedelta | None = None):
+                 timeout: datetime.timedelta | None = None,
+                 compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S):
         self.unique_name = _get_unique_name(group_name)
+        self.compile_timeout = compile_timeout
         _groups[self.unique_name] = weakref.ref(self)
         self.rank, self.local_rank = dist.get_rank(), local_rank
         self.backend, self.timeout = backend, timeout
@@ -108,7 +113,24 @@ class GroupCoordinator:
             return input_
         return torch.ops.minivllm.all_reduce(input_, group_name=self.unique_name)
 
+    def wait_for_compiling_peers(self) -> None:
+        """Before the first collective after a compiled model's first call (every rank flagged
+        it there, at the same point): wait up to `compile_timeout` for every peer to get here,
+        naming the ranks that did not. A peer that died fails this at once."""
+        global _peers_may_be_compiling
+        if not _peers_may_be_compiling:
+            return
+        _peers_may_be_compiling = False
+        try:
+            dist.monitored_barrier(group=self.cpu_group, wait_all_ranks=True,
+                                   timeout=datetime.timedelta(seconds=self.compile_timeout))
+        except RuntimeError as e:
+            raise RuntimeError(f"rank {self.rank}: a peer did not reach its first collective "
+                               f"after compiling within {self.compile_timeout:g} s "
+                               f"(compile_timeout): {e}") from e
+
     def _all_reduce_out_place(self, input_: torch.Tensor) -> torch.Tensor:
+        self.wait_for_compiling_peers()
         out = input_.clone()
         dist.all_reduce(out, group=self.device_group)
         return out
@@ -122,6 +144,7 @@ class GroupCoordinator:
 
     def _all_gather_out_place(self, input_: torch.Tensor, dim: int) -> torch.Tensor:
         # concat-style into one tensor along dim 0, then moved to `dim` (vLLM's base communicator)
+        self.wait_for_compiling_peers()
         size = input_.shape
         out = input_.new_empty((self.world_size * size[0], *size[1:]))
         _all_gather_single(out, input_.contiguous(), group=self.device_group)
@@ -141,6 +164,15 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _WORLD: GroupCoordinator | None = None
 _TP: GroupCoordinator | None = None
 _TP_DISABLED = False
+_peers_may_be_compiling = False
+
+
+def peers_may_be_compiling() -> None:
+    """Every rank calls this where a TP model's first compiled call starts (it may load or
+    compile): the next collective waits for the peers up to the compile timeout, not the usual
+    one."""
+    global _peers_may_be_compiling
+    _peers_may_be_compiling = True
 
 
 def get_world_group() -> GroupCoordinator:
@@ -203,13 +235,17 @@ def _tcp_store(method: str, world_size: int, rank: int, timeout: datetime.timede
 def init_distributed_environment(world_size: int = -1, rank: int = -1,
                                  distributed_init_method: str = "env://", local_rank: int = -1,
                                  backend: str | None = None, timeout: float | None = None, *,
+                                 compile_timeout: float | None = None,
                                  master_listen_fd: int | None = None) -> None:
     """Join the world: `world_size` processes rendezvous at `distributed_init_method`
     ("tcp://127.0.0.1:<port>", or "env://" under torchrun). `backend`: "gloo" (CPU tensors) or
     "nccl" (CUDA); by default NCCL where torch has CUDA, else gloo. `timeout` (seconds, default
     DEFAULT_TIMEOUT_S) bounds the rendezvous and every collective: a rank whose peer died or hangs
-    raises instead of waiting forever. `master_listen_fd`: a socket the launcher already bound to
-    the port, handed to rank 0's store (so no other program can take the port in between)."""
+    raises instead of waiting forever. `compile_timeout` (seconds, default
+    DEFAULT_COMPILE_TIMEOUT_S) bounds instead the first collective after a compiled model's first
+    call, where a peer may still be compiling. `master_listen_fd`: a socket the launcher already
+    bound to the port, handed to rank 0's store (so no other program can take the port in
+    between)."""
     global _WORLD
     backend = backend or _default_backend()
     if backend not in ("gloo", "nccl"):
@@ -235,7 +271,7 @@ def init_distributed_environment(world_size: int = -1, rank: int = -1,
                      distributed_init_method)
     if _WORLD is None:
         _WORLD = GroupCoordinator([list(range(dist.get_world_size()))], local_rank, backend,
-                                  "world", td)
+                                  "world", td, compile_timeout or DEFAULT_COMPILE_TIMEOUT_S)
 
 
 def _loopback_interface() -> str:
@@ -258,7 +294,8 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                          f"is {tensor_model_parallel_size} (--tp): start exactly --tp ranks, one "
                          "per shard")
     ranks = list(range(world.world_size))
-    _TP = GroupCoordinator([ranks], world.local_rank, backend or world.backend, "tp", world.timeout)
+    _TP = GroupCoordinator([ranks], world.local_rank, backend or world.backend, "tp", world.timeout,
+                           world.compile_timeout)
 
 
 def model_parallel_is_initialized() -> bool:

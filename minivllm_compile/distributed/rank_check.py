@@ -16,8 +16,8 @@ times, each before anything that would go wrong:
 
 Each check gathers a dict of factors from every rank of the TP group (over its gloo group, so
 bounded by the group's timeout) and raises RankMismatchError on every rank alike, naming the first
-factor that differs and each rank's value. One rank, or a model built under
-`tensor_parallel_disabled()`, checks nothing.
+factor that differs and each rank's value. A model built whole (one rank, or under
+`tensor_parallel_disabled()`) checks nothing: its callers ask only for a model built sharded.
 """
 
 from __future__ import annotations
@@ -28,10 +28,7 @@ from typing import Any
 import torch.distributed as dist
 
 from minivllm_compile.cache_files import sha
-from minivllm_compile.distributed.parallel_state import (
-    get_tensor_model_parallel_world_size,
-    get_tp_group,
-)
+from minivllm_compile.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
 
 _ABSENT = "<absent>"
 _FIX = ("Start every rank with the same model, checkpoint, CompilationConfig and environment: "
@@ -87,12 +84,15 @@ def mismatch_message(what: str, gathered: list[dict], factor: str, values: list[
 
 def check_same_on_all_ranks(what: str, factors: dict) -> None:
     """Raise RankMismatchError on every rank unless every rank of the TP group passed equal
-    `factors` (plain data: what JSON holds; anything else is compared by its repr). A collective:
-    every rank must call it at the same point."""
-    if get_tensor_model_parallel_world_size() <= 1 or not dist.is_initialized():
-        return  # one rank; or ranks faked in one process, with no group to ask
-    mine = json.loads(json.dumps(factors, sort_keys=True, default=repr))
+    `factors` (plain data: what JSON holds; anything else is compared by its repr). A collective
+    of the TP group (whether or not `tensor_parallel_disabled()` is in force): every rank must
+    call it at the same point. Without a TP group of two or more it does nothing."""
+    if not model_parallel_is_initialized() or not dist.is_initialized():
+        return  # one process; or ranks faked in one, with no group to ask
     group = get_tp_group()
+    if group.world_size <= 1:
+        return
+    mine = json.loads(json.dumps(factors, sort_keys=True, default=repr))
     gathered: list[Any] = [None] * group.world_size
     dist.all_gather_object(gathered, mine, group=group.cpu_group)
     diff = first_difference(gathered)

@@ -41,7 +41,8 @@ def main(argv: list[str]) -> int:
         fn = by_value.loads(job["fn"])
         parallel_state.init_distributed_environment(
             job["world_size"], rank, f"tcp://127.0.0.1:{port}", backend=job["backend"],
-            timeout=job["distributed_timeout"], master_listen_fd=listen_fd if rank == 0 else None)
+            timeout=job["distributed_timeout"], compile_timeout=job["compile_timeout"],
+            master_listen_fd=listen_fd if rank == 0 else None)
         parallel_state.initialize_model_parallel(job["tp"])
         result = fn(*job["args"], **job["kwargs"])
         (job_dir / f"result_{rank}.pkl").write_bytes(pickle.dumps(result))

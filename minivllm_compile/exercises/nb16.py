@@ -62,7 +62,7 @@ def _tp2_run() -> tuple[list[dict[str, Any]], list[str]]:
     tmp = tempfile.mkdtemp(prefix="minivllm_ex16_")
     try:
         ranks = launch.run(_rank_run, tp=TP, args=(tmp, NUM_LAYERS, BATCH, SEQ_LEN),
-                           backend="gloo", timeout=300, distributed_timeout=300)
+                           backend="gloo", timeout=300)
         with env(VLLM_CACHE_ROOT=tmp):
             from minivllm_compile.cache_files import cache_root
 

@@ -1,9 +1,11 @@
-"""Ranks started with different configs or checkpoints are refused at start, by name (issue 25).
+"""What the ranks of a TP run check and wait for at start (issue 25): ranks started with different
+configs or checkpoints are refused, by name; a peer still compiling is waited for, up to the
+compile timeout (and a peer past it named); each rank dumps its compile into its own folder.
 
-The comparison itself is tested in this process; then two real TP=2 runs: one that catches the
-three refusals on each rank (a compilation config, a checkpoint, an environment switch seen by the
-compile cache key), and one where the refusal ends the run through the launcher, fast and with no
-process left behind."""
+The comparison itself is tested in this process; then real TP=2 runs: one that catches the three
+refusals on each rank (a compilation config, a checkpoint, an environment switch seen by the
+compile cache key), one where the refusal ends the run through the launcher, fast and with no
+process left behind, and two where rank 1 starts compiling late."""
 
 from __future__ import annotations
 
@@ -129,6 +131,77 @@ def test_the_launcher_fails_fast_naming_the_factor_and_leaves_no_rank():
     assert time.monotonic() - start < 100
     assert "rank 0 exited with code 1: RankMismatchError" in str(err.value)
     assert "'compilation_config.mode' differs (rank 0: 'VLLM_COMPILE', rank 1: 'NONE';" \
+        in str(err.value)
+    for pid in err.value.pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+# --- a peer still compiling ----------------------------------------------------------------------
+
+def _slow_compile_on_rank_1(seconds: float, dump: str | None = None):
+    """Rank 1 takes `seconds` longer to compile than rank 0 (its compile starts late), which then
+    waits at its first all-reduce: longer than the collective timeout, within the compile one.
+    `dump`: the debug_dump_path of both ranks."""
+    import contextlib
+
+    from minivllm_compile import CompilationConfig, CompilationMode, decorators
+    from minivllm_compile.distributed import get_tensor_model_parallel_rank
+    from minivllm_compile.models import build_model
+
+    if get_tensor_model_parallel_rank() == 1:
+        monitor = decorators.monitor_torch_compile
+
+        @contextlib.contextmanager
+        def slow(config):
+            time.sleep(seconds)
+            with monitor(config):
+                yield
+
+        decorators.monitor_torch_compile = slow
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager",
+                           debug_dump_path=dump)
+    lm = build_model("llama", num_layers=1, compilation_config=cc, seed=5)
+    ids = torch.arange(1, 9)
+    return lm(ids, torch.arange(len(ids)))
+
+
+@pytest.fixture(scope="module")
+def slow_peer(tmp_path_factory):
+    dump = tmp_path_factory.mktemp("dump")
+    # rank 0 waits 6 s at its first all-reduce, twice the collective timeout
+    outputs = launch.run(_slow_compile_on_rank_1, tp=2, args=(6.0, str(dump)), timeout=240,
+                         distributed_timeout=3, compile_timeout=120)
+    return outputs, dump
+
+
+@pytest.mark.compiles
+def test_the_first_collective_after_a_compile_waits_for_a_slower_peer(slow_peer):
+    outputs, _ = slow_peer
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+
+
+@pytest.mark.compiles
+def test_each_rank_dumps_its_compile_into_its_own_folder(slow_peer):
+    """vLLM's `rank_{rank}_dp_{dp}` below debug_dump_path: the ranks' graphs differ (each holds
+    its own rank's constants), and one folder would keep whichever rank wrote last."""
+    _, dump = slow_peer
+    assert sorted(p.name for p in dump.iterdir()) == ["rank_0_dp_0", "rank_1_dp_0"]
+    graphs = [(dump / f"rank_{r}_dp_0" / "computation_graph_backbone.py").read_text()
+              for r in (0, 1)]
+    assert all("minivllm.all_reduce" in g for g in graphs)
+    # each rank's slice of the vocabulary is baked in: rows [0, 160) on rank 0, [160, 258) on 1
+    assert "l_input_ids_ >= 0" in graphs[0] and "l_input_ids_ >= 160" in graphs[1]
+    assert all((dump / f"rank_{r}_dp_0" / "transformed_code.py").is_file() for r in (0, 1))
+
+
+@pytest.mark.compiles
+def test_a_peer_compiling_past_the_compile_timeout_is_named():
+    with pytest.raises(launch.LaunchError) as err:
+        launch.run(_slow_compile_on_rank_1, tp=2, args=(30.0,), timeout=240,
+                   distributed_timeout=3, compile_timeout=3)
+    assert "rank 0 exited with code 1" in str(err.value)
+    assert "did not reach its first collective after compiling within 3 s (compile_timeout)" \
         in str(err.value)
     for pid in err.value.pids:
         with pytest.raises(ProcessLookupError):
