@@ -142,13 +142,15 @@ def main() -> int:
 def test_workers() -> list[str]:
     """pytest-xdist's options: a worker per core, up to 4 (each compiles with gcc and holds a few
     hundred MB), every test file and notebook whole in one worker (their module-scoped compiled
-    fixtures are shared by the file's tests). MINIVLLM_TEST_WORKERS=1 runs in this process."""
+    fixtures are shared by the file's tests), handed out in the order tests/conftest.py puts them
+    (the costliest first; xdist's own reorder, by number of tests, is off).
+    MINIVLLM_TEST_WORKERS=1 runs in this process."""
     given = os.environ.get("MINIVLLM_TEST_WORKERS", "")
     if given and not (given.isdigit() and int(given) >= 1):
         raise SystemExit(f"MINIVLLM_TEST_WORKERS must be a whole number of workers, 1 or more "
                          f"(1: no workers, the tests run in pytest's own process); got {given!r}")
     n = int(given) if given else min(4, os.cpu_count() or 1)
-    return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
+    return ["-n", str(n), "--dist", "loadfile", "--no-loadscope-reorder"] if n > 1 else []
 
 
 if __name__ == "__main__":

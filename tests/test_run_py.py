@@ -66,14 +66,14 @@ def test_nothing_is_installed_when_torch_is_there(run_py, monkeypatch):
 
 def test_the_whole_suite_runs_a_worker_per_core_up_to_four(run_py, monkeypatch):
     monkeypatch.delenv("MINIVLLM_TEST_WORKERS", raising=False)
-    for cores, workers in ((1, []), (2, ["-n", "2", "--dist", "loadfile"]),
-                           (16, ["-n", "4", "--dist", "loadfile"])):
+    in_order = ["--dist", "loadfile", "--no-loadscope-reorder"]  # a file each, conftest's order
+    for cores, workers in ((1, []), (2, ["-n", "2", *in_order]), (16, ["-n", "4", *in_order])):
         monkeypatch.setattr(run_py.os, "cpu_count", lambda cores=cores: cores)
         assert run_py.test_workers() == workers
     monkeypatch.setenv("MINIVLLM_TEST_WORKERS", "1")  # one process: no xdist
     assert run_py.test_workers() == []
     monkeypatch.setenv("MINIVLLM_TEST_WORKERS", "3")
-    assert run_py.test_workers() == ["-n", "3", "--dist", "loadfile"]
+    assert run_py.test_workers() == ["-n", "3", *in_order]
     monkeypatch.setenv("MINIVLLM_TEST_WORKERS", "two")
     with pytest.raises(SystemExit, match="MINIVLLM_TEST_WORKERS must be a whole number.*got 'two'"):
         run_py.test_workers()
