@@ -3,7 +3,8 @@
 Ranks of one TP group that were given different configs or checkpoints do not fail by
 themselves: they build graphs with different collectives (one waits in an all-reduce the other
 never makes, until the timeout) or, worse, all-reduce partial sums of different weights and return
-wrong text. vLLM hands every worker one VllmConfig from its engine, so it never compares; this
+wrong text. vLLM's executor hands every worker the engine's one VllmConfig
+(`WorkerProc.make_worker_process(vllm_config=...)`), and nothing in 0.33 compares the ranks'; this
 project's ranks each build their own (`launch.run(fn)` runs the caller's code on every rank, and
 torchrun starts ranks with their own environments), so they compare what they were given, three
 times, each before anything that would go wrong:
