@@ -48,6 +48,33 @@ def kernel_device() -> str:
     return "cuda" if torch.cuda.is_available() and not triton_interpret_enabled() else "cpu"
 
 
+@pytest.fixture(scope="session")
+def seed_isa_record():
+    """seed_isa_record(cache_root) writes this machine's ISA record (minivllm_compile/cpu_isa.py)
+    into a fresh VLLM_CACHE_ROOT, as a first compile there would: the test's first compiling
+    process then replays it instead of running Inductor's ISA probe (a C++ build and a dlopen in a
+    child Python per ISA, 10-20 s on a busy 2-core machine with a fresh Inductor cache). For the
+    tests of the cache's other factors; the probe's own tests (test_caching.py) leave it out.
+    The answer is probed here once per worker, by Inductor, and stored as cpu_isa.remember would."""
+    import json
+    from pathlib import Path
+
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    from minivllm_compile import cpu_isa
+
+    record = {}
+    if cpu_isa._claimed() is not None:  # an x86 Linux: where Inductor probes
+        record[cpu_isa.probe_key()] = [str(isa) for isa in valid_vec_isa_list()]
+
+    def seed(cache_root) -> None:
+        if record:
+            Path(cache_root).mkdir(parents=True, exist_ok=True)
+            (Path(cache_root) / cpu_isa.RECORD_NAME).write_text(json.dumps(record))
+
+    return seed
+
+
 # --- the quick tier: `python3 run.py test --quick` --------------------------------------------
 # Every test that compiles nothing (and no fresh process that does) runs in the quick tier; a test
 # that compiles carries @pytest.mark.compiles (or its module's pytestmark) and runs in the whole

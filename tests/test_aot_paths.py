@@ -66,10 +66,11 @@ def same(a: Path, b: Path) -> bool:
 
 
 @pytest.mark.compiles
-def test_the_mega_artifact_loads_without_the_backend(tmp_path):
+def test_the_mega_artifact_loads_without_the_backend(tmp_path, seed_isa_record):
     """The default on torch >= 2.12: the pieces are compiled with standalone_compile(aot=True) and
     their bytes go into the AOT file; nothing of them is saved beside it, and a load rebuilds the
     stitching graph's pieces from the file alone."""
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
     _, first = start(tmp_path, tmp_path / "1.pt")
     assert (first["num_inductor_compiles"] == PIECES * ENTRIES
             and first["num_aot_artifacts_saved"] == 1)
@@ -90,11 +91,12 @@ def test_the_mega_artifact_loads_without_the_backend(tmp_path):
 
 
 @pytest.mark.compiles
-def test_the_mega_artifact_holds_identical_layers_once(tmp_path):
+def test_the_mega_artifact_holds_identical_layers_once(tmp_path, seed_isa_record):
     """vLLM's StandaloneCompiledArtifacts keys each entry by its bytes' SHA-256: the middle pieces
     of identical layers compile to one artifact (CompilerManager reuses it), stored, counted and
     loaded once. Three layers: pieces first, middle x2, last, each for 2 entries; 3
     x 2 distinct artifacts."""
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
     env = {"LAYERS": "3"}
     _, first = start(tmp_path, tmp_path / "1.pt", env)
     assert first["num_inductor_compiles"] == 4 * ENTRIES  # every compile call, as vLLM counts them
@@ -106,7 +108,9 @@ def test_the_mega_artifact_holds_identical_layers_once(tmp_path):
 
 
 @pytest.mark.compiles
-def test_without_the_mega_artifact_the_backend_runs_again_and_loads_from_its_index(tmp_path):
+def test_without_the_mega_artifact_the_backend_runs_again_and_loads_from_its_index(tmp_path,
+                                                                                   seed_isa_record):
+    seed_isa_record(tmp_path / "a")  # conftest.py: no ISA probe in the first start
     env = {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}
     _, first = start(tmp_path / "a", tmp_path / "1.pt", env)
     assert first["num_inductor_compiles"] == PIECES * ENTRIES
@@ -135,9 +139,10 @@ def test_without_the_mega_artifact_the_backend_runs_again_and_loads_from_its_ind
 
 
 @pytest.mark.compiles
-def test_a_cache_that_cannot_be_written_is_still_read(tmp_path):
+def test_a_cache_that_cannot_be_written_is_still_read(tmp_path, seed_isa_record):
     """A shared cache another user filled: this process cannot write into it (its first write, the
     backend's cache_key_factors.json, fails), so it says so once and loads every piece from it."""
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
     env = {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}
     start(tmp_path, tmp_path / "1.pt", env)
     proc, c = start(tmp_path, tmp_path / "2.pt", {**env, "READ_ONLY_CACHE": "1"})
@@ -148,7 +153,8 @@ def test_a_cache_that_cannot_be_written_is_still_read(tmp_path):
 
 
 @pytest.mark.compiles
-def test_a_corrupt_piece_or_index_is_reported_once_and_rebuilt(tmp_path):
+def test_a_corrupt_piece_or_index_is_reported_once_and_rebuilt(tmp_path, seed_isa_record):
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
     env = {"VLLM_USE_MEGA_AOT_ARTIFACT": "0"}
     start(tmp_path, tmp_path / "1.pt", env)
     (rank,) = rank_dirs(tmp_path)
@@ -178,10 +184,11 @@ def test_a_corrupt_piece_or_index_is_reported_once_and_rebuilt(tmp_path):
 
 
 @pytest.mark.compiles
-def test_without_aot_compile_inductors_own_cache_serves_the_second_start(tmp_path):
+def test_without_aot_compile_inductors_own_cache_serves_the_second_start(tmp_path, seed_isa_record):
     """VLLM_USE_AOT_COMPILE=0: as vLLM's standalone adaptor, nothing of ours is saved to load (no
     artifact, no index, no AOT file), and Inductor's and Triton's caches move into the rank's
     folder: the second process traces again, and every standalone_compile hits Inductor's cache."""
+    seed_isa_record(tmp_path / "root")  # conftest.py: no ISA probe in the first start
     env = {"VLLM_USE_AOT_COMPILE": "0", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "elsewhere")}
     _, first = start(tmp_path / "root", tmp_path / "1.pt", env)
     assert first["num_aot_compiles"] == 0 and first["num_inductor_compiles"] == PIECES * ENTRIES

@@ -98,10 +98,12 @@ def refused_then_rebuilt_then_loaded(proc, results, why: str) -> None:
 
 
 @pytest.mark.compiles
-def test_a_flipped_bit_in_the_aot_file_is_noticed_and_the_file_rebuilt(tmp_path, toy):
+def test_a_flipped_bit_in_the_aot_file_is_noticed_and_the_file_rebuilt(tmp_path, toy,
+                                                                       seed_isa_record):
     """Loaded where Inductor's own cache is empty (another machine, after a reboot), a flipped bit
     in an artifact's bytes used to give wrong numbers with no warning: the artifact's SHA-256 was
     recorded but never checked. The saved state's SHA-256 and each artifact's are checked now."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     root = tmp_path / "cache"
     _, (first,) = run(root, toy, tmp_path / "inductor1", [(2.0, "0")])
     assert first["num_aot_compiles"] == 1 and first["diff"] == 0.0, first
@@ -114,10 +116,11 @@ def test_a_flipped_bit_in_the_aot_file_is_noticed_and_the_file_rebuilt(tmp_path,
 
 
 @pytest.mark.compiles
-def test_another_models_file_at_this_models_key_path_is_noticed(tmp_path, toy):
+def test_another_models_file_at_this_models_key_path_is_noticed(tmp_path, toy, seed_isa_record):
     """A file copied to the wrong key path (a cache assembled by hand, a bad sync) used to load and
     compute the other model's function. The artifact records which model
     and key it was built for."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     root, inductor = tmp_path / "cache", tmp_path / "inductor"
     _, results = run(root, toy, inductor, [(2.0, "0"), (3.0, "0")])
     assert [r["num_aot_compiles"] for r in results] == [1, 1]
@@ -129,10 +132,11 @@ def test_another_models_file_at_this_models_key_path_is_noticed(tmp_path, toy):
 
 
 @pytest.mark.compiles
-def test_swapped_piece_files_without_the_mega_artifact_are_noticed(tmp_path, toy):
+def test_swapped_piece_files_without_the_mega_artifact_are_noticed(tmp_path, toy, seed_isa_record):
     """VLLM_USE_MEGA_AOT_ARTIFACT=0 keeps each piece's artifact in a file of its own, found through
     the CompilerManager's index. Two of them swapped used to load, and then fail at every call of
     every start until someone deleted them. The index records each file's SHA-256 now."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     root, inductor = tmp_path / "cache", tmp_path / "inductor"
     _, (first,) = run(root, toy, inductor, [(2.0, "0")], sizes=[4], mega="0")
     assert first["num_aot_compiles"] == 1 and first["diff"] == 0.0, first

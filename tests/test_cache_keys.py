@@ -91,12 +91,13 @@ def backend_dirs(root: Path) -> list[Path]:
 
 @pytest.mark.compiles
 @pytest.mark.parametrize("mega", ["1", "0"])
-def test_a_second_model_never_overwrites_the_first_ones_pieces(tmp_path, mega):
+def test_a_second_model_never_overwrites_the_first_ones_pieces(tmp_path, mega, seed_isa_record):
     """1 layer, then 2 layers of the same architecture, then 1 layer again: the third process loads
     the first model's own pieces. (The pieces' folder used to be keyed without the model, so the
     2-layer model overwrote them, and every later 1-layer process crashed or computed garbage.)
     Both load paths: without the mega artifact the pieces are loaded from that folder, which is
     where the crash was ("not enough values to unpack (expected 12, got 8)")."""
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
     env = {"VLLM_USE_MEGA_AOT_ARTIFACT": mega}
     ok(*run(tmp_path, {"layers": 1}, env), loaded=False)
     ok(*run(tmp_path, {"layers": 2}, env), loaded=False)
@@ -106,10 +107,11 @@ def test_a_second_model_never_overwrites_the_first_ones_pieces(tmp_path, mega):
 
 
 @pytest.mark.compiles
-def test_a_constant_baked_into_the_trace_is_in_the_key(tmp_path):
+def test_a_constant_baked_into_the_trace_is_in_the_key(tmp_path, seed_isa_record):
     """rms_norm_eps is a Python float Dynamo makes a constant; with the guards dropped nothing would
     notice another value. A model differing only in it compiles afresh (it used to load the first
     model's artifact, and its logits differed from eager by 0.38 on tiny-llama)."""
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
     ok(*run(tmp_path, {}), loaded=False)
     ok(*run(tmp_path, {"sizes": {"rms_norm_eps": 0.1}}), loaded=False)
     assert len(backend_dirs(tmp_path)) == 2
@@ -181,9 +183,10 @@ def make(name, cc):
 
 
 @pytest.mark.compiles
-def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path):
+def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path, seed_isa_record):
     """Two decorated classes with one config in the same file, and two instances of one class that
     differ only in a float attribute: each loads its own compiled code in the next process."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     src = tmp_path / "src"
     src.mkdir()
     (src / "toy_model.py").write_text(TOY)
@@ -200,11 +203,12 @@ def test_two_compiled_modules_in_one_process_keep_their_own_pieces(tmp_path):
 
 
 @pytest.mark.compiles
-def test_constants_in_dicts_objects_and_tuples_with_none_are_in_the_key(tmp_path):
+def test_constants_in_dicts_objects_and_tuples_with_none_are_in_the_key(tmp_path, seed_isa_record):
     """A dict of options, a SimpleNamespace and a tuple holding None: Dynamo bakes what forward
     reads from them into the graph as surely as a float attribute. Four instances differing only
     there each compile, then each loads its own code (a dict used to be left out of the key: the
     s=3.0 model loaded the s=2.0 one's artifact and differed from eager by 11)."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     src = tmp_path / "src"
     src.mkdir()
     (src / "toy_model.py").write_text(TOY)
@@ -229,10 +233,11 @@ def user_pass(graph):
 
 
 @pytest.mark.compiles
-def test_editing_a_users_pass_recompiles(tmp_path):
+def test_editing_a_users_pass_recompiles(tmp_path, seed_isa_record):
     """A pass given as inductor_compile_config["post_grad_custom_post_pass"] is keyed by its source,
     not by its repr (an address, new in every process): unchanged it loads, edited it compiles and
     the edited pass runs."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     src = tmp_path / "src"
     src.mkdir()
     (src / "toy_pass.py").write_text(USER_PASS)
@@ -250,10 +255,11 @@ def test_editing_a_users_pass_recompiles(tmp_path):
 
 
 @pytest.mark.compiles
-def test_editing_the_compilers_own_pass_recompiles(tmp_path):
+def test_editing_the_compilers_own_pass_recompiles(tmp_path, seed_isa_record):
     """An edit to this package's passes (here: NoOpEliminationPass's module) invalidates what was
     compiled before it: the package's compiler source is a factor of the key, as vLLM's release is
     of its. Run on a copy of the package, put first on sys.path."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     import minivllm_compile
     import minivllm_compile.kernels
 
@@ -290,11 +296,13 @@ NoOpEliminationPass.__call__ = _edited
 
 @pytest.mark.compiles
 @pytest.mark.parametrize("mode", ["VLLM_COMPILE", "DYNAMO_TRACE_ONCE"])
-def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mode):
+def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mode,
+                                                                    seed_isa_record):
     """Compiled for int64 ids, the model used to read int32 ids as int64 and the process died
     (SIGABRT, no Python exception). The decorated model now refuses them (and strided ids) naming
     the fix, and the LM converts them. A process whose first call has int32 ids compiles for int32
     (the inputs are in the key) instead of loading the int64 artifact."""
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
     env = {"VLLM_DISABLE_COMPILE_CACHE": "1"} if mode == "DYNAMO_TRACE_ONCE" else {}
     spec = {"mode": mode, "raw": True, "then_ids_dtype": "int32"}
     proc, result = run(tmp_path, spec, env)
@@ -316,11 +324,12 @@ def test_int32_ids_are_refused_or_converted_never_abort_the_process(tmp_path, mo
 
 
 @pytest.mark.compiles
-def test_a_moved_cache_still_loads_and_a_shared_one_is_readable(tmp_path):
+def test_a_moved_cache_still_loads_and_a_shared_one_is_readable(tmp_path, seed_isa_record):
     """Piece paths in the AOT file are relative to the cache root, so a cache moved (or copied to
     another machine) loads where VLLM_CACHE_ROOT now points; files get the mode an ordinary open()
     gives them (0666 less the umask, as torch and vLLM write theirs), not mkstemp's 0600, so another
     user of a shared cache can read them."""
+    seed_isa_record(tmp_path / "a")  # conftest.py: no ISA probe in the first start
     ok(*run(tmp_path / "a", {}), loaded=False)
     mask = os.umask(0)
     os.umask(mask)

@@ -92,10 +92,12 @@ def cells(k: int = 2, b: int = 0) -> list[str]:
 
 
 @pytest.mark.compiles
-def test_a_model_edited_in_a_notebook_cell_is_never_served_its_old_compiled_forward(tmp_path):
+def test_a_model_edited_in_a_notebook_cell_is_never_served_its_old_compiled_forward(tmp_path,
+                                                                                    seed_isa_record):
     """Notebook cells are no files on disk (IPython keeps their text in linecache): vLLM's check of
     the traced files skips them, and a class or helper edited in a cell used to load the compiled
     forward of its earlier text, in the same kernel and in the next one."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     root, inductor = tmp_path / "cache", tmp_path / "inductor"
     # kernel 1: compile and save; then edit forward in the cell and re-run it: a new key, so a
     # forced load finds nothing (it used to load the first text's code, off by 1)
@@ -147,10 +149,12 @@ except Exception as e:
 
 
 @pytest.mark.compiles
-def test_a_model_defined_in_python_c_is_never_saved_so_never_served_stale(tmp_path):
+def test_a_model_defined_in_python_c_is_never_saved_so_never_served_stale(tmp_path,
+                                                                          seed_isa_record):
     """`python -c` (or exec) leaves no source to read: the cache cannot tell an edited forward from
     this one, so it saves nothing and says so (vLLM hashes "<string>" by its name: an edited
     model loaded the old compiled forward)."""
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "VLLM_DISABLE_COMPILE_CACHE": "0",
            "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="minivllm_test_inductor_")}
 
@@ -260,12 +264,13 @@ print("RESULT " + json.dumps(results))
 
 
 @pytest.mark.compiles
-def test_values_baked_into_the_graph_are_checked_when_it_is_loaded(tmp_path):
+def test_values_baked_into_the_graph_are_checked_when_it_is_loaded(tmp_path, seed_isa_record):
     """Dynamo bakes every plain value forward reads into the graph as a constant, and its guards on
     them are dropped. Six kinds used to be missing from the key, so a second process loaded the
     first one's results: a private attribute, a module global, a class attribute, a field of a
     nested object, a number in a list that also holds a tensor, a variable of forward's closure.
     Each is now checked on load."""
+    seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     src = tmp_path / "src"
     src.mkdir()
     (src / "toy_values.py").write_text(VALUES)

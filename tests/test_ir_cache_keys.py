@@ -80,7 +80,8 @@ def loaded(result: dict) -> bool:
 
 
 @pytest.mark.compiles
-def test_a_changed_priority_compiles_afresh(tmp_path):
+def test_a_changed_priority_compiles_afresh(tmp_path, seed_isa_record):
+    seed_isa_record(tmp_path / "cache")
     assert not loaded(run(tmp_path, {"priority": ["native"]}))
     assert not loaded(run(tmp_path, {"priority": ["vllm_c", "native"]}))
     assert loaded(run(tmp_path, {"priority": ["native"]}))
@@ -88,7 +89,7 @@ def test_a_changed_priority_compiles_afresh(tmp_path):
 
 
 @pytest.mark.compiles
-def test_an_edited_provider_compiles_afresh_and_runs_the_new_body(tmp_path):
+def test_an_edited_provider_compiles_afresh_and_runs_the_new_body(tmp_path, seed_isa_record):
     """A provider of the user's own, outside this package (whose source is a factor already): with
     the edit, the next start must not load the kernels lowered from the old body. The edit changes
     what the body computes, so an old artifact would show (diff from eager,
@@ -96,6 +97,7 @@ def test_an_edited_provider_compiles_afresh_and_runs_the_new_body(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     (src / "my_norms.py").write_text(PROVIDER)
+    seed_isa_record(tmp_path / "cache")
     spec = {"priority": ["mine", "native"], "path": [str(src)], "imports": ["my_norms"]}
     first = run(tmp_path, spec)
     assert not loaded(first)
