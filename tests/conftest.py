@@ -20,6 +20,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="minivl
 os.environ.pop("MINIVLLM_SOLUTIONS", None)
 
 import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402  (after the environment above, which must come first)
 
@@ -95,8 +96,37 @@ def pytest_configure(config):
                             "a fresh process that does): left out of the quick tier")
 
 
+# The whole suite hands each xdist worker a file at a time (run.py), in collection order: the
+# costliest files go first, so that no worker is left running a long one at the end while the
+# other idles (longest first). Seconds each took in a whole run; a file not listed takes a few
+# seconds and keeps its place. Only the order depends on these figures, never a result.
+COST_S = {
+    "tests/test_cache_keys.py": 250, "tests/test_quant_fusion.py": 200,
+    "tests/test_exercises.py": 200, "tests/test_cache_integrity.py": 150,
+    "tests/test_tp_compile.py": 115, "tests/test_fp8.py": 100, "tests/test_browser_check.py": 100,
+    "notebooks/09_aot_and_cache.ipynb": 100, "tests/test_aot_paths.py": 100,
+    "notebooks/13_fusion_passes.ipynb": 90, "tests/test_launch.py": 90,
+    "tests/test_ir_cache_keys.py": 90, "tests/test_cache_traced_state.py": 80,
+    "tests/test_bench.py": 80, "tests/test_caching.py": 80, "notebooks/12_capstone.ipynb": 75,
+    "notebooks/16_tensor_parallel.ipynb": 70, "tests/test_tp_start.py": 50,
+    "notebooks/15_vllm_ir.ipynb": 47, "notebooks/17_debugging.ipynb": 31,
+}
+
+
+def _costliest_first(items: list) -> None:
+    root = Path(__file__).resolve().parent.parent
+
+    def cost(item) -> float:
+        path = Path(str(item.path)).resolve()
+        return COST_S.get(path.relative_to(root).as_posix() if path.is_relative_to(root) else "",
+                          0.0)
+
+    items.sort(key=lambda item: -cost(item))  # stable: a file's items keep their order
+
+
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--quick"):
+        _costliest_first(items)
         return
     keep, drop = [], []
     for item in items:
