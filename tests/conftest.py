@@ -98,18 +98,20 @@ def pytest_configure(config):
 
 # The whole suite hands each xdist worker a file at a time (run.py), in collection order: the
 # costliest files go first, so that no worker is left running a long one at the end while the
-# other idles (longest first). Seconds each took in a whole run; a file not listed takes a few
-# seconds and keeps its place. Only the order depends on these figures, never a result.
+# other idles (longest first). Seconds each took in a whole run (two workers, pytest's
+# --durations=0 summed by file); a file not listed took under 30 s and keeps its place. Only the
+# order depends on these figures, never a result.
 COST_S = {
-    "tests/test_cache_keys.py": 250, "tests/test_quant_fusion.py": 200,
-    "tests/test_exercises.py": 200, "tests/test_cache_integrity.py": 150,
-    "tests/test_tp_compile.py": 115, "tests/test_fp8.py": 100, "tests/test_browser_check.py": 100,
-    "notebooks/09_aot_and_cache.ipynb": 100, "tests/test_aot_paths.py": 100,
-    "notebooks/13_fusion_passes.ipynb": 90, "tests/test_launch.py": 90,
-    "tests/test_ir_cache_keys.py": 90, "tests/test_cache_traced_state.py": 80,
-    "tests/test_bench.py": 80, "tests/test_caching.py": 80, "notebooks/12_capstone.ipynb": 75,
-    "notebooks/16_tensor_parallel.ipynb": 70, "tests/test_tp_start.py": 50,
-    "notebooks/15_vllm_ir.ipynb": 47, "notebooks/17_debugging.ipynb": 31,
+    "tests/test_cache_keys.py": 260, "tests/test_quant_fusion.py": 197,
+    "notebooks/09_aot_and_cache.ipynb": 144, "tests/test_aot_paths.py": 124,
+    "tests/test_browser_check.py": 123, "tests/test_caching.py": 119,
+    "notebooks/16_tensor_parallel.ipynb": 87, "notebooks/12_capstone.ipynb": 85,
+    "tests/test_cache_integrity.py": 84, "tests/test_exercises.py": 76,
+    "notebooks/13_fusion_passes.ipynb": 71, "tests/test_ir_cache_keys.py": 68,
+    "tests/test_cache_traced_state.py": 59, "tests/test_cuda_graph.py": 54,
+    "tests/test_tp_start.py": 45, "tests/test_launch.py": 44, "tests/test_bench.py": 41,
+    "tests/test_tp_compile.py": 40, "tests/test_qk_norm_rope_fusion.py": 39,
+    "tests/test_tour.py": 35, "notebooks/15_vllm_ir.ipynb": 35, "tests/test_fp8.py": 34,
 }
 
 
