@@ -60,8 +60,9 @@ def flatten(factors: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def first_difference(gathered: list[dict]) -> tuple[str, list[Any]] | None:
-    """The first factor (in rank 0's order, then the others') whose value is not the same on every
-    rank, with each rank's value; None when all agree."""
+    """The first factor (in the order of rank 0's names, then the others'; check_same_on_all_ranks
+    sends them sorted) whose value is not the same on every rank, with each rank's value; None
+    when all agree."""
     flat = [flatten(f) for f in gathered]
     names = list(dict.fromkeys(name for f in flat for name in f))
     for name in names:
