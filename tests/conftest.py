@@ -1,5 +1,12 @@
 import os
+import sys
 import tempfile
+
+# `python -m pytest` in the repository puts its root first on sys.path, where `kernels/` (installed
+# as minivllm_compile.kernels) would stand in for Hugging Face's `kernels` package, which
+# transformers imports from 5.25 on: the package is installed (editable), so the root goes
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
 
 # Triton reads this when a kernel is decorated, so it must be set before any kernel module is
 # imported: the Triton kernels then run on the CPU through Triton's interpreter.
