@@ -371,7 +371,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         self.input_spec = input_spec(self, args, kwargs, dynamic_arg_dims, mark_unbacked_dims)
         self._input_checks = _compile_checks(self, self.input_spec)
         self.model_factors = cache_keys.model_factors(self, self.input_spec)
-        if getattr(self, "_tp_size", 1) > 1:
+        if self._tp_size > 1:
             # before loading or compiling: the cache key's factors, from every rank alike
             check_same_on_all_ranks("compile cache key",
                                     cache_keys.aot_cache_key(self, self.compilation_config,

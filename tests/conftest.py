@@ -5,8 +5,8 @@ import tempfile
 # `python -m pytest` in the repository puts its root first on sys.path, where `kernels/` (installed
 # as minivllm_compile.kernels) would stand in for Hugging Face's `kernels` package, which
 # transformers imports from 5.25 on: the package is installed (editable), so the root goes
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _ROOT]
 
 # Triton reads this when a kernel is decorated, so it must be set before any kernel module is
 # imported: the Triton kernels then run on the CPU through Triton's interpreter.
@@ -63,22 +63,16 @@ def seed_isa_record():
     process then replays it instead of running Inductor's ISA probe (a C++ build and a dlopen in a
     child Python per ISA, 10-20 s on a busy 2-core machine with a fresh Inductor cache). For the
     tests of the cache's other factors; the probe's own tests (test_caching.py) leave it out.
-    The answer is probed here once per worker, by Inductor, and stored as cpu_isa.remember would."""
-    import json
-    from pathlib import Path
-
+    Inductor probes here once per worker; cpu_isa.remember stores its answer."""
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    from minivllm_compile import cpu_isa
+    from minivllm_compile import cpu_isa, envs
 
-    record = {}
-    if cpu_isa._claimed() is not None:  # an x86 Linux: where Inductor probes
-        record[cpu_isa.probe_key()] = [str(isa) for isa in valid_vec_isa_list()]
+    valid_vec_isa_list()  # the probe, where Inductor runs one (remember is a no-op elsewhere)
 
     def seed(cache_root) -> None:
-        if record:
-            Path(cache_root).mkdir(parents=True, exist_ok=True)
-            (Path(cache_root) / cpu_isa.RECORD_NAME).write_text(json.dumps(record))
+        with envs.override(VLLM_CACHE_ROOT=str(cache_root), VLLM_DISABLE_COMPILE_CACHE="0"):
+            cpu_isa.remember()
 
     return seed
 
@@ -123,11 +117,9 @@ COST_S = {
 
 
 def _costliest_first(items: list) -> None:
-    root = Path(__file__).resolve().parent.parent
-
     def cost(item) -> float:
         path = Path(str(item.path)).resolve()
-        return COST_S.get(path.relative_to(root).as_posix() if path.is_relative_to(root) else "",
+        return COST_S.get(path.relative_to(_ROOT).as_posix() if path.is_relative_to(_ROOT) else "",
                           0.0)
 
     items.sort(key=lambda item: -cost(item))  # stable: a file's items keep their order

@@ -85,30 +85,24 @@ def refusals(tmp_path_factory):
 
 
 @pytest.mark.compiles
-def test_a_different_compilation_config_is_named_on_every_rank(refusals):
+@pytest.mark.parametrize("case, factor, what, expected", [
+    ("config", "compilation_config.pass_config.eliminate_noops", "compilation config",
+     [True, False]),
+    # the nudged tensor: same dtype and shape, other bytes
+    ("checkpoint", "weights.model.norm.weight", "checkpoint", "float32[192]:"),
+    ("env", "envs.VLLM_USE_BYTECODE_HOOK", "compile cache key", [True, False]),
+])
+def test_a_difference_is_named_on_every_rank_before_anything_compiles(refusals, case, factor, what,
+                                                                       expected):
     for rank in (0, 1):
-        factor, values, message = refusals[rank]["config"]
-        assert factor == "compilation_config.pass_config.eliminate_noops"
-        assert values == [True, False]
-        assert "not started with the same compilation config" in message
-        assert "rank 1: False" in message
-
-
-@pytest.mark.compiles
-def test_a_different_checkpoint_names_the_tensor(refusals):
-    for rank in (0, 1):
-        factor, values, message = refusals[rank]["checkpoint"]
-        assert factor == "weights.model.norm.weight"
-        assert values[0] != values[1] and all(v.startswith("float32[192]:") for v in values)
-        assert "not started with the same checkpoint" in message
-
-
-@pytest.mark.compiles
-def test_a_different_compile_switch_is_named_before_anything_compiles(refusals):
-    for rank in (0, 1):
-        factor, values, message = refusals[rank]["env"]
-        assert factor == "envs.VLLM_USE_BYTECODE_HOOK"
-        assert values == [True, False]
+        named, values, message = refusals[rank][case]
+        assert named == factor
+        if isinstance(expected, str):
+            assert values[0] != values[1] and all(v.startswith(expected) for v in values)
+        else:
+            assert values == expected
+        assert (f"not started with the same {what}: {factor!r} differs (rank 0: {values[0]!r}, "
+                f"rank 1: {values[1]!r};") in message
         assert not refusals[rank]["compiled"]
 
 
