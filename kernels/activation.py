@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm_compile.kernels._compat import require_triton, tl, triton
-from minivllm_compile.kernels.layernorm import as_rows, cast_to, check_launchable, needs_bf16_rtne
+from minivllm_compile.kernels.utils import as_rows, cast_to, check_launchable, needs_bf16_rtne
 
 
 def silu_and_mul_ref(out: torch.Tensor, input: torch.Tensor) -> None:

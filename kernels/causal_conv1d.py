@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minivllm_compile.kernels._compat import require_triton, tl, triton
-from minivllm_compile.kernels.layernorm import cast_to, check_launchable, needs_bf16_rtne
+from minivllm_compile.kernels.utils import cast_to, check_launchable, needs_bf16_rtne
 
 # A cache index equal to this marks a padded batch entry: nothing is read, computed or written.
 PAD_SLOT_ID = -1

@@ -19,17 +19,13 @@ from __future__ import annotations
 import torch
 
 from minivllm_compile.kernels._compat import require_triton, tl, triton
-from minivllm_compile.kernels.layernorm import (
-    cast_to,
-    check_launchable,
-    needs_bf16_rtne,
-    rms_norm_ref,
-)
+from minivllm_compile.kernels.layernorm import rms_norm_ref
 from minivllm_compile.kernels.rotary_embedding import (
     check_positions,
     rope_pair,
     rotary_embedding_ref,
 )
+from minivllm_compile.kernels.utils import cast_to, check_launchable, needs_bf16_rtne
 
 
 def fused_qk_norm_rope_ref(

@@ -22,13 +22,8 @@ import torch
 
 from minivllm_compile.kernels._compat import require_triton, tl, triton, triton_interpret_enabled
 from minivllm_compile.kernels.activation import silu_and_mul_ref
-from minivllm_compile.kernels.layernorm import (
-    as_rows,
-    cast_to,
-    check_launchable,
-    needs_bf16_rtne,
-    rms_norm_ref,
-)
+from minivllm_compile.kernels.layernorm import rms_norm_ref
+from minivllm_compile.kernels.utils import as_rows, cast_to, check_launchable, needs_bf16_rtne
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0

@@ -16,7 +16,7 @@ import math
 import torch
 
 from minivllm_compile.kernels._compat import require_triton, tl, triton
-from minivllm_compile.kernels.layernorm import cast_to, check_launchable, needs_bf16_rtne
+from minivllm_compile.kernels.utils import cast_to, check_launchable, needs_bf16_rtne
 
 
 def compute_cos_sin_cache(

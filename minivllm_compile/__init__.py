@@ -2,8 +2,12 @@
 
 __version__ = "0.1.0"
 
-# modules notebooks reach for
-from minivllm_compile import cache_files, cache_keys, caching, envs  # noqa: F401
+# modules notebooks reach for (the cache's three also by their old names, minivllm_compile.caching
+# and so on: their home is minivllm_compile.compilation)
+from minivllm_compile import envs  # noqa: F401
+from minivllm_compile.compilation import cache_files, cache_keys, caching  # noqa: F401
+from minivllm_compile.compilation.counter import compilation_counter
+from minivllm_compile.compilation.decorators import ignore_torch_compile, support_torch_compile
 from minivllm_compile.config import (
     CompilationConfig,
     CompilationMode,
@@ -13,8 +17,6 @@ from minivllm_compile.config import (
     PassConfig,
     Range,
 )
-from minivllm_compile.counter import compilation_counter
-from minivllm_compile.decorators import ignore_torch_compile, support_torch_compile
 from minivllm_compile.logger import configure as _configure_logging
 
 _configure_logging()

@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, cache_files, compilation_counter
+from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
+from minivllm_compile.compilation import cache_files
 from minivllm_compile.envs import default_device
 from minivllm_compile.models import load_model
 

@@ -58,15 +58,17 @@ def kernel_device() -> str:
 
 @pytest.fixture(scope="session")
 def seed_isa_record():
-    """seed_isa_record(cache_root) writes this machine's ISA record (minivllm_compile/cpu_isa.py)
-    into a fresh VLLM_CACHE_ROOT, as a first compile there would: the test's first compiling
-    process then replays it instead of running Inductor's ISA probe (a C++ build and a dlopen in a
-    child Python per ISA, 10-20 s on a busy 2-core machine with a fresh Inductor cache). For the
-    tests of the cache's other factors; the probe's own tests (test_caching.py) leave it out.
-    Inductor probes here once per worker; cpu_isa.remember stores its answer."""
+    """seed_isa_record(cache_root) writes this machine's ISA record
+    (minivllm_compile/compilation/cpu_isa.py) into a fresh VLLM_CACHE_ROOT, as a first compile
+    there would: the test's first compiling process then replays it instead of running Inductor's
+    ISA probe (a C++ build and a dlopen in a child Python per ISA, 10-20 s on a busy 2-core machine
+    with a fresh Inductor cache). For the tests of the cache's other factors; the probe's own tests
+    (test_caching.py) leave it out. Inductor probes here once per worker; cpu_isa.remember stores
+    its answer."""
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    from minivllm_compile import cpu_isa, envs
+    from minivllm_compile import envs
+    from minivllm_compile.compilation import cpu_isa
 
     valid_vec_isa_list()  # the probe, where Inductor runs one (remember is a no-op elsewhere)
 
@@ -160,7 +162,7 @@ def _traced() -> int:
     AOT compile traces without adding to Dynamo's "frames" counter)."""
     from torch._dynamo.utils import counters
 
-    from minivllm_compile.counter import compilation_counter
+    from minivllm_compile.compilation.counter import compilation_counter
 
     return counters["frames"]["total"] + compilation_counter.num_dynamo_traces
 

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from minivllm_compile.bench import NAMES, code_stats, exit_code, targets
+from minivllm_compile.bench.__main__ import NAMES, exit_code, targets
+from minivllm_compile.bench.common import code_stats
 from minivllm_compile.viz.kernels import call_stats
 
 # every test here compiles, or shares a module fixture that does: whole suite only

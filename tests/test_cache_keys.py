@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from minivllm_compile import CompilationConfig, cache_keys
+from minivllm_compile import CompilationConfig
+from minivllm_compile.compilation import cache_keys
 
 CHILD = r"""
 import json, sys, torch
@@ -258,7 +259,8 @@ def test_editing_a_users_pass_recompiles(tmp_path, seed_isa_record):
 def test_editing_the_compilers_own_pass_recompiles(tmp_path, seed_isa_record):
     """An edit to this package's passes (here: NoOpEliminationPass's module) invalidates what was
     compiled before it: the package's compiler source is a factor of the key, as vLLM's release is
-    of its. Run on a copy of the package, put first on sys.path."""
+    of its. An edit under bench/ or viz/ (the compiler's users, by folder) keeps it. Run on a copy
+    of the package, put first on sys.path."""
     seed_isa_record(tmp_path / "cache")  # conftest.py: no ISA probe in the first start
     import minivllm_compile
     import minivllm_compile.kernels
@@ -273,7 +275,10 @@ def test_editing_the_compilers_own_pass_recompiles(tmp_path, seed_isa_record):
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     ok(*run(tmp_path / "cache", spec, env), loaded=False)
     ok(*run(tmp_path / "cache", spec, env), loaded=True)
-    noop = pkg / "passes" / "noop_elimination.py"
+    for user in ("bench/common.py", "viz/cache.py"):  # not the compiler: the cache still serves
+        (pkg / user).write_text((pkg / user).read_text() + "\n# edited\n")
+    ok(*run(tmp_path / "cache", spec, env), loaded=True)
+    noop = pkg / "compilation" / "passes" / "utility" / "noop_elimination.py"
     noop.write_text(noop.read_text() + '''
 
 _call = NoOpEliminationPass.__call__
@@ -359,7 +364,7 @@ def test_the_key_covers_every_factor():
     factors = cache_keys.model_factors(lm.model, inputs)
     with_inputs = cache_keys.aot_cache_key(lm.model, CompilationConfig(), factors)
     assert with_inputs[0] != base[0]
-    from minivllm_compile.backends import VllmBackend, set_model_tag
+    from minivllm_compile.compilation.backends import VllmBackend, set_model_tag
 
     with set_model_tag("eagle_head"):
         assert VllmBackend(CompilationConfig()).prefix == "eagle_head"
@@ -372,17 +377,18 @@ def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_pa
     """compiler_source_hash hashes the compiler's modules only: editing a view, an exercise, a model
     or a measuring tool keeps every user's cache; editing a backend or a pass does not. The
     display-only helpers live on the display side of that boundary."""
-    from minivllm_compile import cache_files
+    from minivllm_compile.compilation import cache_files
     from minivllm_compile.viz import (
         count_dynamo_entries,
         describe_cache,
         triton_source_codegen_only,
     )
 
-    package = Path(cache_files.__file__).resolve().parent
+    package = Path(cache_files.__file__).resolve().parent.parent
+    compiler = set(cache_files.compiler_files(package))
     for helper in (count_dynamo_entries, describe_cache, triton_source_codegen_only):
-        first = Path(sys.modules[helper.__module__].__file__).relative_to(package).parts[0]
-        assert first in cache_files.NOT_COMPILER, (helper.__name__, first)
+        path = Path(sys.modules[helper.__module__].__file__).resolve()
+        assert path not in compiler, (helper.__name__, path)
     copy = tmp_path / "minivllm_compile"
     for f in package.rglob("*.py"):
         (copy / f.relative_to(package)).parent.mkdir(parents=True, exist_ok=True)
@@ -399,8 +405,11 @@ def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_pa
 
     base = cache_files.source_hash(cache_files.compiler_files(copy), copy)
     for display_only in ("viz/cache.py", "viz/kernels.py", "viz/dynamo_entries.py",
-                         "exercises/nb04.py", "models/lm.py", "bench.py", "startup.py", "tour.py"):
+                         "exercises/nb04.py", "models/lm.py", "bench/__main__.py",
+                         "bench/startup.py", "tour.py", "launch.py"):
         assert hash_after(display_only) == base, display_only
-    for compiler in ("backends.py", "caching.py", "cache_keys.py", "monitor.py",
-                     "passes/pass_manager.py"):
+    for compiler in ("compilation/backends.py", "compilation/caching.py",
+                     "compilation/cache_keys.py", "compilation/monitor.py",
+                     "compilation/passes/pass_manager.py", "config/compilation.py", "envs.py",
+                     "ops.py", "ir/op.py", "distributed/parallel_state.py"):
         assert hash_after(compiler) != base, compiler

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from minivllm_compile import envs
-from minivllm_compile.cache_files import lock_holder, locked
+from minivllm_compile.compilation.cache_files import lock_holder, locked
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLDER = """
 import sys
 from pathlib import Path
-from minivllm_compile.cache_files import locked
+from minivllm_compile.compilation.cache_files import locked
 with locked(Path(sys.argv[1])):
     Path(sys.argv[2]).write_text("held")
     sys.stdin.readline()  # until the test closes stdin (or dies, which closes it too)

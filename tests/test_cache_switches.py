@@ -19,10 +19,10 @@ from torch import nn
 from minivllm_compile import (
     CompilationConfig,
     CompilationMode,
-    aot,
     compilation_counter,
     support_torch_compile,
 )
+from minivllm_compile.compilation import aot
 from minivllm_compile.models import build_model
 
 

@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm_compile import (
-    CompilationConfig,
-    CompilationMode,
-    cache_keys,
-    compilation_counter,
-    cpu_isa,
-)
+from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
+from minivllm_compile.compilation import cache_keys, cpu_isa
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.cache import describe_cache
 
@@ -126,7 +121,10 @@ def test_which_adaptors_redirect_inductors_cache(tmp_path, monkeypatch):
     """As vLLM 0.33: compile_fx's adaptor always (its graphs live in Inductor's cache), the
     standalone one only with AOT compile off (with it on, its own artifacts are what
     a later process loads)."""
-    from minivllm_compile.compiler_interface import InductorAdaptor, InductorStandaloneAdaptor
+    from minivllm_compile.compilation.compiler_interface import (
+        InductorAdaptor,
+        InductorStandaloneAdaptor,
+    )
 
     rank = tmp_path / "h" / "rank_0_0"
     for make in (InductorAdaptor, lambda: InductorStandaloneAdaptor(use_aot_compile=False)):
@@ -364,8 +362,8 @@ def test_disable_compile_cache_saves_nothing(tmp_path, monkeypatch):
 def test_the_aot_artifact_is_saved_before_the_first_run(tmp_path, monkeypatch):
     """As vLLM's decorator (save_aot_compiled_function right after aot_compile): every piece is
     compiled by then, and a warm-up run that fails still leaves the next start an artifact."""
-    from minivllm_compile import aot
-    from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper
+    from minivllm_compile.compilation import aot
+    from minivllm_compile.compilation.wrapper import TorchCompileWithNoGuardsWrapper
 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
@@ -463,7 +461,7 @@ def test_the_serializable_function_exposes_the_traces_shape_env():
     SymInt input, where num_tokens' symbol and its range live."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from minivllm_compile.backends import VllmBackend
+    from minivllm_compile.compilation.backends import VllmBackend
 
     cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager", compile_sizes=[],
                            max_num_batched_tokens=16)

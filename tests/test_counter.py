@@ -6,7 +6,7 @@ import json
 import pytest
 
 from minivllm_compile import compilation_counter
-from minivllm_compile.counter import CompilationCounter, CounterDelta
+from minivllm_compile.compilation.counter import CompilationCounter, CounterDelta
 
 
 def test_since_lists_the_counters_that_moved_and_reads_zero_for_the_others():

@@ -14,16 +14,16 @@ from minivllm_compile import (
     compilation_counter,
     support_torch_compile,
 )
-from minivllm_compile.config import AttentionCGSupport
-from minivllm_compile.cuda_graph import (
+from minivllm_compile.compilation.cuda_graph import (
     BatchDescriptor,
     CudagraphDispatcher,
     CUDAGraphWrapper,
     StaticBufferReplay,
 )
+from minivllm_compile.compilation.monitor import set_cudagraph_capturing_enabled
+from minivllm_compile.config.compilation import AttentionCGSupport
 from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
-from minivllm_compile.monitor import set_cudagraph_capturing_enabled
 
 # every test here compiles, or shares a module fixture that does: whole suite only
 pytestmark = pytest.mark.compiles

@@ -16,7 +16,7 @@ from minivllm_compile import (
     PassConfig,
     support_torch_compile,
 )
-from minivllm_compile.caching import VllmSerializableFunction
+from minivllm_compile.compilation.caching import VllmSerializableFunction
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.debugging import (
     SWITCHES,

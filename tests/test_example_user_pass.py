@@ -4,9 +4,10 @@ inductor_compile_config["post_grad_custom_post_pass"], merged into the pass mana
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, cache_keys
+from minivllm_compile import CompilationConfig, CompilationMode
+from minivllm_compile.compilation import cache_keys
+from minivllm_compile.compilation.passes.example_user_pass import SiluAndMulToNativePass
 from minivllm_compile.models import build_model
-from minivllm_compile.passes.example_user_pass import SiluAndMulToNativePass
 
 
 def compiled_llama(**inductor_config):

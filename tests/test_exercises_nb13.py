@@ -8,8 +8,8 @@ import torch
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from minivllm_compile import exercises
+from minivllm_compile.compilation.passes import VllmPatternMatcherPass
 from minivllm_compile.exercises import ExerciseFailed
-from minivllm_compile.passes import VllmPatternMatcherPass
 
 
 def _fails(key, answer) -> str:

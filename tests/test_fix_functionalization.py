@@ -26,9 +26,9 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from minivllm_compile import CompilationConfig, CompilationMode, support_torch_compile
-from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+from minivllm_compile.compilation.passes import FixFunctionalizationPass, make_pass_manager
+from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
 from minivllm_compile.models import build_model
-from minivllm_compile.passes import FixFunctionalizationPass, make_pass_manager
 
 minivllm = torch.ops.minivllm
 N = 9

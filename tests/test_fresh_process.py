@@ -4,9 +4,9 @@ notebook 12's mode runs on it (compare_modes.py)."""
 import pytest
 import torch
 
-from minivllm_compile.compare_modes import PROMPTS, run_mode
+from minivllm_compile.bench.compare_modes import PROMPTS, run_mode
+from minivllm_compile.bench.startup import run_in_fresh_process, start_child
 from minivllm_compile.models import load_model
-from minivllm_compile.startup import run_in_fresh_process, start_child
 
 
 @pytest.mark.compiles

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from minivllm_compile import CompilationConfig, CompilationMode, cache_keys
-from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+from minivllm_compile import CompilationConfig, CompilationMode
+from minivllm_compile.compilation import cache_keys
+from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
 
 CHILD = r"""
 import importlib, json, sys, torch
@@ -24,7 +25,7 @@ sys.path[:0] = spec.get("path", [])
 for name in spec.get("imports", []):
     importlib.import_module(name)  # registers a provider of the user's own
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
-from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
 from minivllm_compile.models import build_model
 
 def cc(mode):

@@ -10,9 +10,9 @@ from torch.library import Library
 
 import minivllm_compile.ir.kernels  # noqa: F401  (the providers)
 from minivllm_compile import ir
+from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
 from minivllm_compile.ir import op as op_module
 from minivllm_compile.ir.op import IrOp, register_op
-from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
 
 OPS = [ir.ops.rms_norm, ir.ops.fused_add_rms_norm]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -244,7 +244,7 @@ def test_a_maybe_inplace_activation_read_after_the_call_is_refused():
     """VllmIRInplaceFunctionalizationPass, on a graph where x is read after the call."""
     from torch import fx
 
-    from minivllm_compile.passes.ir import VllmIRInplaceFunctionalizationPass
+    from minivllm_compile.compilation.passes.ir import VllmIRInplaceFunctionalizationPass
 
     g = fx.Graph()
     x, r, w = (g.placeholder(n) for n in ("x", "r", "w"))
@@ -304,8 +304,8 @@ def test_overlapping_model_scopes_of_two_threads_leave_the_process_settings_as_t
     import threading
 
     from minivllm_compile import CompilationConfig, CompilationMode
+    from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
     from minivllm_compile.ir import op as op_module
-    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
 
     def cc(priority, mode):
         return CompilationConfig(mode=mode, kernel_config=KernelConfig(

@@ -13,15 +13,15 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, ir
-from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
-from minivllm_compile.models import build_model, load_model
-from minivllm_compile.models.layers import RMSNorm
-from minivllm_compile.passes import InductorPass, make_pass_manager
-from minivllm_compile.passes.ir import (
+from minivllm_compile.compilation.passes import InductorPass, make_pass_manager
+from minivllm_compile.compilation.passes.ir import (
     UnsafeCloneEliminationPass,
     VllmIRInplaceFunctionalizationPass,
     VllmIRLoweringPass,
 )
+from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
+from minivllm_compile.models import build_model, load_model
+from minivllm_compile.models.layers import RMSNorm
 
 MAX = 16
 # fp32 logits (|logit| up to ~18): the IR ops' native body and the old custom ops do the same fp32
@@ -195,13 +195,15 @@ def test_clone_elimination_frees_a_donated_input_and_keeps_the_callers(donate):
 def test_the_lowering_logs_its_choices_and_warns_about_what_it_left(caplog):
     gm = make_fx(lambda *a: _piece(*a, donate=True), tracing_mode="fake")(*_args())
     lowering = VllmIRLoweringPass(ir_op_priority=IrOpPriorityConfig.with_default(["native"]))
-    with caplog.at_level(logging.DEBUG, logger="minivllm_compile.passes.ir.lowering_pass"):
+    with caplog.at_level(logging.DEBUG,
+                         logger="minivllm_compile.compilation.passes.ir.lowering_pass"):
         lowering(gm.graph)  # no pre-grad pass: the maybe_inplace overloads are not lowered
     assert len(lowering.unlowered) == 2
     assert "Failed to lower vLLM IR ops ['fused_add_rms_norm']" in caplog.text
     gm = make_fx(lambda *a: _piece(*a, donate=False), tracing_mode="fake")(*_args())
     caplog.clear()
-    with caplog.at_level(logging.DEBUG, logger="minivllm_compile.passes.ir.lowering_pass"):
+    with caplog.at_level(logging.DEBUG,
+                         logger="minivllm_compile.compilation.passes.ir.lowering_pass"):
         lowering(gm.graph)
     assert ("lowered 2 vLLM IR nodes; selected implementations: "
             "fused_add_rms_norm=native*2" in caplog.text)

@@ -49,7 +49,7 @@ def test_a_model_loaded_from_the_cache_keeps_its_ranges(tmp_path, monkeypatch):
 
 
 def test_profiler_sees_tells_which_custom_op_calls_a_profile_shows():
-    from minivllm_compile.nvtx import profiler_sees
+    from minivllm_compile.compilation.nvtx import profiler_sees
 
     x, w = torch.randn(3, 8), torch.ones(8)
     # registered as vLLM's ops are (not torch.library.custom_op, which torch 2.14 may dispatch in

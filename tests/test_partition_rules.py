@@ -8,7 +8,11 @@ import torch
 import torch.fx as fx
 
 import minivllm_compile.ops  # noqa: F401  (registers the minivllm:: custom ops)
-from minivllm_compile.partition_rules import op_exists, should_split, warn_unknown_splitting_ops
+from minivllm_compile.compilation.partition_rules import (
+    op_exists,
+    should_split,
+    warn_unknown_splitting_ops,
+)
 
 add = torch.ops.aten.add
 TARGETS = {"packet": add, "default": add.default, "Tensor": add.Tensor}

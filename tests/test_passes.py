@@ -29,10 +29,7 @@ from torch._inductor.utils import run_and_get_code
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, Range
-from minivllm_compile.forward_context import set_forward_context
-from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
-from minivllm_compile.models import build_model
-from minivllm_compile.passes import (
+from minivllm_compile.compilation.passes import (
     CallableInductorPass,
     FixFunctionalizationPass,
     InductorPass,
@@ -42,6 +39,9 @@ from minivllm_compile.passes import (
     get_pass_context,
     pass_context,
 )
+from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
+from minivllm_compile.forward_context import set_forward_context
+from minivllm_compile.models import build_model
 from minivllm_compile.viz.kernels import call_stats
 
 # every test here compiles, or shares a module fixture that does: whole suite only
@@ -253,7 +253,8 @@ def test_dead_code_elimination_after_the_pass_deletes_the_in_place_ops(lm, input
 
 def test_auto_functionalized_v2_is_left_to_inductor_with_a_warning(lm, inputs, eager_out, caplog):
     fix = FixFunctionalizationPass()
-    with caplog.at_level(logging.WARNING, logger="minivllm_compile.passes.fix_functionalization"):
+    with caplog.at_level(logging.WARNING,
+                         logger="minivllm_compile.compilation.passes.utility.fix_functionalization"):
         out, graph = _compile_aot(lm, inputs, [fix], v2=True)
     assert "enable_auto_functionalized_v2=False" in caplog.text
     assert sum(fix.skipped_v2.values()) == sum(EXPECTED_CALLS.values())
@@ -423,7 +424,7 @@ def test_the_backend_compiles_each_entry_inside_its_pass_context():
     import torch._dynamo
 
     from minivllm_compile import CompilationConfig, CompilationMode
-    from minivllm_compile.backends import VllmBackend
+    from minivllm_compile.compilation.backends import VllmBackend
 
     seen = []
 
@@ -459,7 +460,7 @@ def test_add_takes_an_inductor_pass_only_and_the_config_wraps_a_function():
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     from minivllm_compile import CompilationConfig
-    from minivllm_compile.passes import make_pass_manager
+    from minivllm_compile.compilation.passes import make_pass_manager
 
     class Bare(CustomGraphPass):
         def __call__(self, graph):

@@ -11,11 +11,14 @@ import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minivllm_compile import CompilationConfig, CompilationMode, Range, compilation_counter
-from minivllm_compile.backends import split_graph
+from minivllm_compile.compilation.backends import split_graph
+from minivllm_compile.compilation.partition_rules import should_split, warn_unknown_splitting_ops
+from minivllm_compile.compilation.piecewise_backend import (
+    create_concrete_args,
+    get_fake_args_from_graph,
+)
 from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
-from minivllm_compile.partition_rules import should_split, warn_unknown_splitting_ops
-from minivllm_compile.piecewise_backend import create_concrete_args, get_fake_args_from_graph
 
 # every test here compiles, or shares a module fixture that does: whole suite only
 pytestmark = pytest.mark.compiles
@@ -259,7 +262,7 @@ def test_a_size_read_before_a_split_crosses_it_as_a_symint_only():
     """As vLLM's _decompose_size_nodes: x.size() on a mark_dynamic input becomes sym_size.int for
     the dynamic dim and a literal for the static one, so no piece takes a torch.Size or a plain int,
     and the split graph runs at every size; through the backend and Inductor too."""
-    from minivllm_compile.backends import VllmBackend
+    from minivllm_compile.compilation.backends import VllmBackend
 
     graphs = []
     x = torch.randn(4, 8)
@@ -308,7 +311,7 @@ def test_should_split_formats_and_unknown_names(caplog):
 def test_triton_source_is_written_on_cpu_without_a_gpu():
     """Inductor writes Triton for a CPU graph in codegen-only mode; static for a size (the
     element count is a constant), symbolic for a range (it is computed from num_tokens)."""
-    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+    from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
     from minivllm_compile.viz.kernels import triton_source_codegen_only
 
     # the norms as the vllm_c custom op: an extern call, so the piece's one Triton kernel is the
@@ -328,7 +331,7 @@ def test_triton_source_is_written_on_cpu_without_a_gpu():
 def test_the_compile_fx_adaptor_gives_the_same_model(monkeypatch, eager):
     """VLLM_USE_STANDALONE_COMPILE=0: pieces through compile_fx, whose FX-graph-cache guards are
     answered by AlwaysHitShapeEnv (there is no Dynamo ShapeEnv out here)."""
-    from minivllm_compile.compiler_interface import InductorAdaptor
+    from minivllm_compile.compilation.compiler_interface import InductorAdaptor
 
     monkeypatch.setenv("VLLM_USE_STANDALONE_COMPILE", "0")
     lm = build_model("llama", num_layers=L,

@@ -9,9 +9,10 @@ import re
 import pytest
 import torch
 
-from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, Range, cache_keys
+from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, Range
+from minivllm_compile.compilation import cache_keys
+from minivllm_compile.compilation.passes import QKNormRoPEFusionPass, make_pass_manager
 from minivllm_compile.models import build_model, load_model
-from minivllm_compile.passes import QKNormRoPEFusionPass, make_pass_manager
 
 QK = "QKNormRoPEFusionPass"
 FUSED = "torch.ops.minivllm.fused_qk_norm_rope.default"

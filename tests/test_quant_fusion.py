@@ -20,14 +20,15 @@ import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
-from minivllm_compile import CompilationConfig, CompilationMode, PassConfig, cache_keys
-from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+from minivllm_compile import CompilationConfig, CompilationMode, PassConfig
+from minivllm_compile.compilation import cache_keys
+from minivllm_compile.compilation.passes import InductorPass, VllmInductorPass, make_pass_manager
+from minivllm_compile.compilation.passes.fusion.act_quant_fusion import ActivationQuantFusionPass
+from minivllm_compile.compilation.passes.fusion.rms_quant_fusion import RMSNormQuantFusionPass
+from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
 from minivllm_compile.kernels.quant_fp8 import FP8_DTYPE
 from minivllm_compile.models import load_model
 from minivllm_compile.models.quant import Fp8Linear
-from minivllm_compile.passes import InductorPass, VllmInductorPass, make_pass_manager
-from minivllm_compile.passes.act_quant_fusion import ActivationQuantFusionPass
-from minivllm_compile.passes.rms_quant_fusion import RMSNormQuantFusionPass
 
 aten, prims, minivllm = torch.ops.aten, torch.ops.prims, torch.ops.minivllm
 FUSED = {"rms": "rms_norm_static_fp8_quant", "fused_add": "fused_add_rms_norm_static_fp8_quant",
@@ -371,7 +372,7 @@ def _fp8_with_eps(tmp_path, eps: float):
 def test_eps_is_read_from_the_graph_and_a_pattern_for_another_eps_refuses(tmp_path, monkeypatch):
     """The search ignores floats; Inductor's check re-traces the pattern with the match's inputs,
     and the eps burned into the pattern must equal the graph's."""
-    import minivllm_compile.passes.rms_quant_fusion as rqf
+    import minivllm_compile.compilation.passes.fusion.rms_quant_fusion as rqf
 
     path = _fp8_with_eps(tmp_path, 1e-6)
     # patterns for 1e-5 only (as if the graph's eps were not read): every site found, then refused
@@ -401,7 +402,7 @@ def test_a_norm_whose_weight_dtype_differs_is_not_fused():
     """norm_dtypes_match, on the bindings a match holds: the fused ops take one dtype."""
     from types import SimpleNamespace
 
-    from minivllm_compile.passes.rms_quant_fusion import norm_dtypes_match
+    from minivllm_compile.compilation.passes.fx_utils import norm_dtypes_match
 
     g = fx.Graph()
     nodes = {}
@@ -459,7 +460,7 @@ def test_uuid_is_the_source_hash_of_the_pass_and_its_patterns():
 
 
 def test_matched_count_is_per_call_and_the_table_sums_them():
-    from minivllm_compile.passes.vllm_inductor_pass import VllmPatternMatcherPass
+    from minivllm_compile.compilation.passes.vllm_inductor_pass import VllmPatternMatcherPass
 
     p = RMSNormQuantFusionPass()
     before = VllmPatternMatcherPass.match_table["RMSNormQuantFusionPass"]

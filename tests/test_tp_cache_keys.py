@@ -12,12 +12,15 @@ import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
-from minivllm_compile import CompilationConfig, CompilationMode, cache_files, cache_keys
+from minivllm_compile import CompilationConfig, CompilationMode
+from minivllm_compile.compilation import cache_files, cache_keys
+from minivllm_compile.compilation.passes import make_pass_manager
+from minivllm_compile.compilation.passes.utility.fix_functionalization import (
+    FixFunctionalizationPass,
+)
 from minivllm_compile.config import PassConfig
 from minivllm_compile.distributed import parallel_state
 from minivllm_compile.models import build_model
-from minivllm_compile.passes import make_pass_manager
-from minivllm_compile.passes.fix_functionalization import FixFunctionalizationPass
 
 
 @contextlib.contextmanager

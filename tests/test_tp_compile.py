@@ -21,10 +21,10 @@ def _ranks_compile(root: str, warm: bool):
     first launch); on the cold launch also, with the cache off, the all-reduce fusion on, and on
     with a range gate."""
     from minivllm_compile import CompilationConfig, CompilationMode, envs
-    from minivllm_compile.counter import compilation_counter
+    from minivllm_compile.compilation.counter import compilation_counter
+    from minivllm_compile.compilation.passes.vllm_inductor_pass import VllmPatternMatcherPass
     from minivllm_compile.distributed import tensor_parallel_disabled
     from minivllm_compile.models import build_model
-    from minivllm_compile.passes.vllm_inductor_pass import VllmPatternMatcherPass
 
     def config(inductor=None, **pass_config):
         return CompilationConfig(mode=CompilationMode.VLLM_COMPILE, max_num_batched_tokens=16,

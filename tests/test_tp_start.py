@@ -139,7 +139,8 @@ def _slow_compile_on_rank_1(seconds: float, dump: str | None = None):
     `dump`: the debug_dump_path of both ranks."""
     import contextlib
 
-    from minivllm_compile import CompilationConfig, CompilationMode, decorators
+    from minivllm_compile import CompilationConfig, CompilationMode
+    from minivllm_compile.compilation import decorators
     from minivllm_compile.distributed import get_tensor_model_parallel_rank
     from minivllm_compile.models import build_model
 

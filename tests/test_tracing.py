@@ -20,9 +20,12 @@ from minivllm_compile import (
     ignore_torch_compile,
     support_torch_compile,
 )
+from minivllm_compile.compilation.wrapper import (
+    TorchCompileWithNoGuardsWrapper,
+    compile_model_with_stock_torch,
+)
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.dynamo_entries import count_dynamo_entries
-from minivllm_compile.wrapper import TorchCompileWithNoGuardsWrapper, compile_model_with_stock_torch
 
 ONCE = CompilationMode.DYNAMO_TRACE_ONCE
 
@@ -402,7 +405,7 @@ def test_evaluate_guards_under_vllm_compile_lets_one_token_through(hook_off, mon
 def test_compilation_context_raises_the_cache_limits_only():
     """vLLM's _compilation_context (wrapper.py) only raises Dynamo's cache-size limits; the
     GLOBAL_STATE / TORCH_FUNCTION_STATE guards go with the rest, through the guard_filter_fn."""
-    from minivllm_compile.wrapper import _compilation_context
+    from minivllm_compile.compilation.wrapper import _compilation_context
 
     gm = torch._C._dynamo.guards.GuardManager
     before = (gm.add_global_state_guard, gm.add_torch_function_mode_stack_guard)
@@ -469,7 +472,7 @@ def test_the_first_compile_runs_under_one_named_set_of_patches():
     input_spec only describes the call: the decorator keeps the checks it derives."""
     from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
-    from minivllm_compile.decorators import compile_patches, input_spec
+    from minivllm_compile.compilation.decorators import compile_patches, input_spec
 
     ds = DynamicShapesConfig(assume_32_bit_indexing=True)
     model = Branchy(compilation_config=cfg(dynamic_shapes_config=ds))
@@ -491,7 +494,7 @@ def test_the_first_compile_runs_under_one_named_set_of_patches():
 def test_the_backend_gets_the_models_cache_key_factors_as_an_argument():
     """VllmBackend(model_factors=...) asks for them when Dynamo hands it the graph; a decorated
     model passes its own (known at its first call), a backend used on its own keys without them."""
-    from minivllm_compile.backends import VllmBackend
+    from minivllm_compile.compilation.backends import VllmBackend
 
     cc = cfg(CompilationMode.VLLM_COMPILE, compile_sizes=[], max_num_batched_tokens=16)
     lm = build_model("llama", num_layers=1, compilation_config=cc)

@@ -39,11 +39,10 @@ def test_the_core_never_imports_viz():
                              r"from\s+(minivllm_compile|\.+)\s+import\s+[^\n]*\bviz\b)",
                              re.MULTILINE)
     root = Path(minivllm_compile.__file__).parent
-    tools = {"bench.py", "bench_plots.py"}  # the benchmark is a user of the core, like a notebook
-    # so are the exercises' graders (notebook 17's rerun its models through viz/debugging.py)
-    core = [p for p in root.rglob("*.py") if not {"viz", "exercises"}
-            & set(p.relative_to(root).parts)
-            and p.name not in tools]
+    # the benchmarks are users of the core, like a notebook; so are the exercises' graders
+    # (notebook 17's rerun its models through viz/debugging.py)
+    core = [p for p in root.rglob("*.py") if not {"viz", "exercises", "bench"}
+            & set(p.relative_to(root).parts)]
     assert len(core) > 10
     for path in core:
         assert not imports_viz.search(path.read_text()), f"{path} imports viz"
@@ -177,7 +176,7 @@ def test_reading_code_inductor_really_wrote():
     source captured as CompilerManager captures it."""
     from torch._inductor.compile_fx import compile_fx
 
-    from minivllm_compile.compiler_interface import capture_output_code
+    from minivllm_compile.compilation.compiler_interface import capture_output_code
 
     def f(x, w, m):
         return torch.relu(x * w).sum(-1, keepdim=True) * (x @ m)
@@ -316,7 +315,7 @@ def test_reading_triton_code_as_a_gpu_writes_it():
 def test_reading_triton_code_inductor_really_wrote():
     """The same readers against the Triton this torch's Inductor writes for a dynamic graph (its
     launch sized by a symbol, on a line of its own in newer torch)."""
-    from minivllm_compile.piecewise_backend import get_fake_args_from_graph
+    from minivllm_compile.compilation.piecewise_backend import get_fake_args_from_graph
     from minivllm_compile.viz.kernels import triton_source_codegen_only
 
     graphs = []

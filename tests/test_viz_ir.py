@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 from minivllm_compile import CompilationConfig, ir  # noqa: E402
-from minivllm_compile.passes import make_pass_manager  # noqa: E402
+from minivllm_compile.compilation.passes import make_pass_manager  # noqa: E402
 from minivllm_compile.viz.ir import draw_pass_order, ir_nodes, pass_order, plot_step_times  # noqa: E402
 
 

@@ -23,12 +23,12 @@ factor that differs and each rank's value. A model built whole (one rank, or und
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 import torch.distributed as dist
 
-from minivllm_compile.cache_files import sha
 from minivllm_compile.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
 
 _ABSENT = "<absent>"
@@ -79,7 +79,9 @@ def _short(value: Any, n: int = 80) -> str:
 
 def mismatch_message(what: str, gathered: list[dict], factor: str, values: list[Any]) -> str:
     by_rank = ", ".join(f"rank {r}: {_short(v)}" for r, v in enumerate(values))
-    hashes = ", ".join(sha(json.dumps(f, sort_keys=True)) for f in gathered)
+    # (hashed here, not with cache_files.sha: distributed/ sits below compilation/)
+    hashes = ", ".join(hashlib.sha256(json.dumps(f, sort_keys=True).encode()).hexdigest()[:10]
+                       for f in gathered)
     return (f"the ranks were not started with the same {what}: {factor!r} differs ({by_rank}; "
             f"{what} hash by rank: {hashes}). {_FIX}")
 

@@ -160,8 +160,9 @@ def _own_code_truth() -> dict[str, Any]:
           hint="for each call, ask: is it its model's first call? Is its model's hook on "
                "or off? And what did an earlier call do to the cache entries of the code "
                "object both models share?",
-          deeper_hint="Open TorchCompileWithNoGuardsWrapper.__call__ (minivllm_compile/wrapper.py) "
-                      "and read what a hook-on model does on its first call, before it compiles: "
+          deeper_hint="Open TorchCompileWithNoGuardsWrapper.__call__ "
+                      "(minivllm_compile/compilation/wrapper.py) and read what a hook-on model "
+                      "does on its first call, before it compiles: "
                       "which code object does it touch (original_code_object, and what "
                       "SharedCodeToy.own_forward gives it), and whose cache entries live there? "
                       "Then replay the six calls in order, keeping a note of which cache entries "

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
+from minivllm_compile.compilation.passes import FixFunctionalizationPass
 from minivllm_compile.exercises import ExerciseFailed, exercise, measured_once
 from minivllm_compile.forward_context import set_forward_context
 from minivllm_compile.models import build_model
-from minivllm_compile.passes import FixFunctionalizationPass
 from minivllm_compile.viz.functional import functional_graph as viz_functional_graph
 
 minivllm = torch.ops.minivllm
@@ -47,7 +47,7 @@ def llama_counts() -> dict[str, Any]:
     """The pass on the whole NUM_LAYERS-layer Llama decoder: what it
     rewrote, what it left wrapped."""
     from minivllm_compile import CompilationConfig, CompilationMode
-    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
+    from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig, ir_dispatch_scope
 
     # notebook 05's path to the norms, the seed's: the custom ops (IR priority vllm_c), traced
     # directly (the torch wrap off), entered around the outer compile as the model itself would

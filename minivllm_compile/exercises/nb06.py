@@ -27,7 +27,7 @@ POW_TARGETS = {  # label -> the node's target
 
 
 def _pow_truth() -> dict[str, set[str]]:
-    from minivllm_compile.partition_rules import should_split
+    from minivllm_compile.compilation.partition_rules import should_split
 
     g = fx.Graph()
     x = g.placeholder("x")
@@ -50,7 +50,7 @@ def _pow_question(entry: str, label: str) -> str:
 
 
 def _pow_fact(entry: str, label: str, splits: bool) -> str:
-    from minivllm_compile.partition_rules import op_exists
+    from minivllm_compile.compilation.partition_rules import op_exists
 
     overload = torch.ops.aten.pow.Tensor_Scalar
     if label == "torch.pow":
@@ -133,9 +133,9 @@ def _split_with(splitting_ops: tuple[str, ...]) -> tuple[list[tuple[str, bool]],
     """split_graph on the 2-layer Llama with these splitting ops: the pieces (name, is splitting),
     the target of the last piece's first op, the splitting-op calls by op, the counters' deltas."""
     from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
-    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+    from minivllm_compile.compilation.partition_rules import should_split
+    from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
     from minivllm_compile.models import build_model
-    from minivllm_compile.partition_rules import should_split
 
     # the norms as notebook 06 traces them: the IR priority vllm_c (the torch wrap is off without
     # Inductor), so Dynamo records the custom op fused_add_rms_norm, which can split the graph

@@ -124,10 +124,10 @@ def _grade_dispatch(answer: Any) -> str:
                "_find_range_for_shape tries first",
           deeper_hint="In a cell, build the config and print cc.compile_ranges_endpoints after "
                       "construction: compare it with what you passed, and read "
-                      "VllmConfig._set_compile_ranges in vLLM (or config.py here) for the rule. "
-                      "The ranges cover [1, max_num_batched_tokens] without gaps. For the lookups "
-                      "read PiecewiseBackend._find_range_for_shape: what it checks first, what "
-                      "second, and what it returns when nothing matches.",
+                      "VllmConfig._set_compile_ranges in vLLM (or config/compilation.py here) for "
+                      "the rule. The ranges cover [1, max_num_batched_tokens] without gaps. For "
+                      "the lookups read PiecewiseBackend._find_range_for_shape: what it checks "
+                      "first, what second, and what it returns when nothing matches.",
           solution=lambda: {"ranges": [(1, 16), (17, 48), (49, 64)],
                             "serves": {1: (1, 16), 2: (2, 2), 16: (16, 16),
                                        17: (17, 48), 50: (49, 64),

@@ -118,9 +118,10 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
     """For each change: the backend-key factors it moves, and whether the AOT key moves; and the
     backend key's factors."""
     import minivllm_compile.models.llama as llama_module
-    from minivllm_compile import CompilationConfig, CompilationMode, cache_keys
-    from minivllm_compile.backends import set_model_tag
-    from minivllm_compile.decorators import input_spec
+    from minivllm_compile import CompilationConfig, CompilationMode
+    from minivllm_compile.compilation import cache_keys
+    from minivllm_compile.compilation.backends import set_model_tag
+    from minivllm_compile.compilation.decorators import input_spec
     from minivllm_compile.models import CHECKPOINTS, load_model
 
     def config(**kw: Any) -> CompilationConfig:
@@ -229,7 +230,8 @@ def _grade_keys(answer: Any) -> str:
     if missing or unknown:
         raise ExerciseFailed("answer one entry per change, labelled as in nb09.CHANGES: missing "
                              f"{missing}, not a change of this exercise {unknown}")
-    from minivllm_compile import CompilationConfig, cache_keys
+    from minivllm_compile import CompilationConfig
+    from minivllm_compile.compilation import cache_keys
 
     # the factor names, as cache_key_factors.json lists them
     known = set(cache_keys.backend_cache_key(CompilationConfig(), "cpu",

@@ -18,7 +18,7 @@ LIMIT = 8  # 13.1's qk_norm_rope_fusion_max_token_num
 def _compiling() -> Iterator[None]:
     """Every compile really compiles (a cache hit would return kernels without running the
     passes); the switch and the pass log are put back as they were."""
-    from minivllm_compile.passes import VllmPatternMatcherPass
+    from minivllm_compile.compilation.passes import VllmPatternMatcherPass
 
     saved_table = VllmPatternMatcherPass.match_table.copy()
     try:
@@ -66,8 +66,8 @@ def _qk_wrong() -> dict[str, int]:
 def _qk_truth() -> dict:
     """Compile the 4-layer hybrid with the gated pass and read what it did."""
     from minivllm_compile import PassConfig
+    from minivllm_compile.compilation.passes import QKNormRoPEFusionPass, VllmPatternMatcherPass
     from minivllm_compile.models import build_model
-    from minivllm_compile.passes import QKNormRoPEFusionPass, VllmPatternMatcherPass
 
     name = QKNormRoPEFusionPass.__name__
     passes = PassConfig(enable_qk_norm_rope_fusion=True, qk_norm_rope_fusion_max_token_num=LIMIT)
@@ -258,8 +258,8 @@ def grade_silu_pattern(answer) -> str:
     import torch._inductor.pattern_matcher as pm
 
     from minivllm_compile import CompilationConfig, CompilationMode
+    from minivllm_compile.compilation.passes import CallableInductorPass
     from minivllm_compile.models import build_model
-    from minivllm_compile.passes import CallableInductorPass
 
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(callable(f) for f in answer)):
         raise ExerciseFailed("answer the pair (pattern, replacement) of two "

@@ -39,7 +39,7 @@ def _mode_name(value: Any, where: str) -> str:
 
 
 def _grade_dispatch(answer: Any) -> str:
-    from minivllm_compile.cuda_graph import CudagraphDispatcher
+    from minivllm_compile.compilation.cuda_graph import CudagraphDispatcher
 
     if not isinstance(answer, dict) or set(answer) != set(STEPS):
         raise ExerciseFailed("give {(num_tokens, uniform_decode): (mode, padded num_tokens)} for "
@@ -135,9 +135,13 @@ def _collect_wrong() -> Callable:
 
 def _grade_collect(collect: Any) -> str:
     from minivllm_compile import CompilationConfig, CompilationMode, CUDAGraphMode
-    from minivllm_compile.cuda_graph import BatchDescriptor, CUDAGraphWrapper, StaticBufferReplay
+    from minivllm_compile.compilation.cuda_graph import (
+        BatchDescriptor,
+        CUDAGraphWrapper,
+        StaticBufferReplay,
+    )
+    from minivllm_compile.compilation.monitor import set_cudagraph_capturing_enabled
     from minivllm_compile.forward_context import set_forward_context
-    from minivllm_compile.monitor import set_cudagraph_capturing_enabled
 
     if not callable(collect):
         raise ExerciseFailed(f"give the function collect(step, static_x, batches); got {collect!r}")

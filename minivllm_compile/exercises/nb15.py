@@ -44,7 +44,7 @@ def _compile(arch: str, num_layers: int, priority: dict[str, list[str]]):
     """The model under VLLM_COMPILE with Inductor, one compile range, this IR priority; compiled
     at its first call. Returns (lm, the lowering pass)."""
     from minivllm_compile import CompilationConfig, CompilationMode
-    from minivllm_compile.kernel_config import IrOpPriorityConfig, KernelConfig
+    from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
     from minivllm_compile.models import build_model
 
     cc = CompilationConfig(

@@ -64,7 +64,7 @@ def _tp2_run() -> tuple[list[dict[str, Any]], list[str]]:
         ranks = launch.run(_rank_run, tp=TP, args=(tmp, NUM_LAYERS, BATCH, SEQ_LEN),
                            backend="gloo", timeout=300)
         with env(VLLM_CACHE_ROOT=tmp):
-            from minivllm_compile.cache_files import cache_root
+            from minivllm_compile.compilation.cache_files import cache_root
 
             top = cache_root()
         hashes = sorted(p.name for p in top.iterdir() if p.is_dir()

@@ -13,7 +13,8 @@ from torch import nn
 import minivllm_compile.ir.kernels  # noqa: F401  (registers the IR ops' providers)
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile import ir
-from minivllm_compile.config import AttentionCGSupport, get_current_compilation_config
+from minivllm_compile.config import get_current_compilation_config
+from minivllm_compile.config.compilation import AttentionCGSupport
 from minivllm_compile.distributed import (
     MergedColumnParallelLinear,
     RowParallelLinear,

@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm_compile.compilation.decorators import support_torch_compile
+from minivllm_compile.compilation.nvtx import add_layerwise_hooks
 from minivllm_compile.config import (
     CompilationConfig,
     CompilationMode,
     set_current_compilation_config,
 )
-from minivllm_compile.decorators import support_torch_compile
 from minivllm_compile.distributed import (
     QKVParallelLinear,
     RowParallelLinear,
@@ -20,7 +21,6 @@ from minivllm_compile.distributed import (
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.inputs import check_ids
 from minivllm_compile.models.layers import Attention, LlamaMLP, RMSNorm, RotaryEmbedding
-from minivllm_compile.nvtx import add_layerwise_hooks
 
 
 class LlamaAttention(nn.Module):

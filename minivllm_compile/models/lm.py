@@ -17,16 +17,20 @@ import torch
 from torch import nn
 
 from minivllm_compile import envs
+from minivllm_compile.compilation.cuda_graph import (
+    CudagraphDispatcher,
+    CUDAGraphWrapper,
+    min_cudagraph_support,
+)
+from minivllm_compile.compilation.monitor import set_cudagraph_capturing_enabled
+from minivllm_compile.compilation.wrapper import compile_model_with_stock_torch
 from minivllm_compile.config import CompilationMode, CUDAGraphMode
-from minivllm_compile.cuda_graph import CudagraphDispatcher, CUDAGraphWrapper, min_cudagraph_support
 from minivllm_compile.distributed import LogitsProcessor
 from minivllm_compile.forward_context import AttentionMetadata, set_forward_context
 from minivllm_compile.models.config import ModelConfig
 from minivllm_compile.models.inputs import check_generate_args, check_prefill_inputs
 from minivllm_compile.models.layers import Attention, ShortConv
 from minivllm_compile.models.tokenizer import ByteTokenizer
-from minivllm_compile.monitor import set_cudagraph_capturing_enabled
-from minivllm_compile.wrapper import compile_model_with_stock_torch
 
 BLOCK_SIZE = 16
 

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from minivllm_compile.cache_files import cache_root
+from minivllm_compile.compilation.cache_files import cache_root
 
 # where compiler_interface.initialize_inductor_cache points Inductor's and Triton's own caches
 FOREIGN_CACHES = {"inductor_cache": "Inductor's FX graph cache and generated code",

@@ -139,7 +139,7 @@ def runner(module: torch.nn.Module) -> Callable:
     caller compiles it (plain torch.compile); in every other mode the module is its own wrapper."""
     cc = getattr(module, "compilation_config", None)
     if cc is not None and cc.mode == CompilationMode.STOCK_TORCH_COMPILE:
-        from minivllm_compile.wrapper import compile_model_with_stock_torch
+        from minivllm_compile.compilation.wrapper import compile_model_with_stock_torch
 
         return compile_model_with_stock_torch(module, cc)
     return module

@@ -47,8 +47,8 @@ def draw_pass_order(manager: Any, *, fmt: str = "png", title: str = "") -> Any:
 
 def ir_nodes(graph: fx.Graph) -> list[dict[str, str]]:
     """Every IR op node of a graph: its name, op and overload, and the shape of its first input."""
-    from minivllm_compile.passes.ir import get_ir_op
-    from minivllm_compile.passes.ir.utils import overload_or_default
+    from minivllm_compile.compilation.passes.ir import get_ir_op
+    from minivllm_compile.compilation.passes.ir.utils import overload_or_default
 
     rows = []
     for node in graph.nodes:

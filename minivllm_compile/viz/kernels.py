@@ -18,7 +18,7 @@ from unittest.mock import patch
 import torch
 import torch.fx as fx
 
-from minivllm_compile.compiler_interface import capture_output_code
+from minivllm_compile.compilation.compiler_interface import capture_output_code
 
 # `name = async_compile.cpp_pybinding([...], r'''<C++>''')` or
 # `async_compile.triton('name', '''<py>''')`

@@ -56,7 +56,7 @@ def _deltas(counters: Any) -> dict[str, int]:
         return {}
     if isinstance(counters, dict):
         return {k: v for k, v in counters.items() if v}
-    from minivllm_compile.counter import compilation_counter
+    from minivllm_compile.compilation.counter import compilation_counter
 
     return compilation_counter.since(counters)
 
