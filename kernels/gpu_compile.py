@@ -1,5 +1,5 @@
 """Every Triton kernel compiled for a GPU, on a machine without one: Triton's own compiler, down to
-a cubin for sm_90 (the H200 this project is checked on), for every launch the self-check makes and
+a cubin for sm_90 (Hopper: the H100 and H200), for every launch the self-check makes and
 the decode kernel's other branches.
 
 The interpreter (TRITON_INTERPRET=1) runs a kernel's Python on the CPU: it never meets Triton's

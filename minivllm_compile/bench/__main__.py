@@ -4,7 +4,7 @@
 
 Writes DIR/bench.json and one PNG per benchmark (plots.py), then prints PASS/FAIL per target.
 Every figure is a median over repeats with its spread; every comparison is a ratio of figures
-measured in the same run. A measurement, never a test: these machines are shared and noisy.
+measured in the same run. A measurement, never a test: a shared machine's timings are noisy.
 Each benchmark is a module of this package (common.py: what they share).
 """
 

@@ -7,7 +7,7 @@ what the counters did on the first call and after it.
     r["counters_first_call"]["num_dynamo_traces"]  # the counters the first call moved
 
 Each run is its own process (`startup.run_in_fresh_process`), so no run inherits another's Dynamo
-or Inductor state. A measurement, never a test: these machines are shared and noisy.
+or Inductor state. A measurement, never a test: a shared machine's timings are noisy.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@
 
 Each child puts the model where `envs.default_device()` says (the GPU when there is one).
 Used by the benchmark (python -m minivllm_compile.bench) and notebook 09. A measurement, never a
-test: these machines are shared and noisy.
+test: a shared machine's timings are noisy.
 
 `run_in_fresh_process` is the package's one way to run something in a fresh Python process (these
 start-ups, notebook 12's modes in compare_modes.py, the benchmark's overhead children).

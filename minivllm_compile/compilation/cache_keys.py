@@ -8,8 +8,8 @@ something else. Its factors, and what each covers:
     torch           the torch release that compiled it
     inductor_config Inductor's own settings in this process
     compiler        the source of this package's compiler (cache_files.compiler_files: every module
-                    but the display-only ones): vLLM puts its release (vllm.__version__) in the
-                    key for the same reason
+                    under cache_files.COMPILER_FOLDERS and the root modules they import): vLLM
+                    puts its release (vllm.__version__) in the key for the same reason
     passes          the post-grad passes' uuids, a user's pass included (PostGradPassManager.uuid;
                     vLLM leaves it out of its folder hash: there it keys Inductor's own cache)
     model           the compiled module's class, forward's text where it can be read (a file, a

@@ -3,7 +3,7 @@
 Before Inductor builds or loads its first C++ kernel in a process it asks which vector ISAs
 (avx512, avx2, amx, ...) it may use: for every ISA the CPU claims, it compiles a test program and
 dlopens it in a child Python (torch/_inductor/cpu_vec_isa.py, `valid_vec_isa_list`). That costs
-1.7 s on this project's machine, every process, and it was most of an AOT load's time (2.8 s).
+1.7 s on a 2-core x86 machine, every process, and it was most of an AOT load's time (2.8 s).
 (Torch 2.14 mends this itself: it leaves a `.load_ok` marker beside each probe program in
 Inductor's cache and skips the child Python after that; there the probe took 0.13-0.16 s.)
 

@@ -1,5 +1,5 @@
 """The all-reduce fused with the RMSNorm after it: the op AllReduceFusionPass puts in place of the
-two (passes/allreduce_rms_fusion.py).
+two (compilation/passes/fusion/allreduce_rms_fusion.py).
 
 `torch.ops.minivllm.flashinfer_trtllm_fused_allreduce_norm` has vLLM's name, its mutated
 arguments (`allreduce_in`, `residual`, `norm_out`) and their meaning:

@@ -1,7 +1,8 @@
 """An LFM2-like hybrid: most layers mix tokens with a gated short convolution, a few with attention
 (whose q and k get a per-head RMSNorm before RoPE, as in vLLM's Qwen3/LFM2). The model is written
-unfused, as vLLM writes it; `QKNormRoPEFusionPass` (passes/qk_norm_rope_fusion.py) turns the norms
-and the rotation into one `fused_qk_norm_rope` call when the pass config enables it."""
+unfused, as vLLM writes it; `QKNormRoPEFusionPass`
+(compilation/passes/fusion/qk_norm_rope_fusion.py) turns the norms and the rotation into one
+`fused_qk_norm_rope` call when the pass config enables it."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Give it to a model as vLLM takes a user's pass, through the Inductor config:
 `PostGradPassManager` then runs it after its own passes and before FixFunctionalizationPass, on
 every piece and entry; its uuid (the hash of this class's source) joins the cache key, so editing
 it recompiles. It walks the graph by hand, where vLLM's fusion passes use Inductor's pattern
-matcher (passes/qk_norm_rope_fusion.py): for one op with one form, a walk is enough.
+matcher (fusion/qk_norm_rope_fusion.py): for one op with one form, a walk is enough.
 """
 
 from __future__ import annotations
