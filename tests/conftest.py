@@ -21,9 +21,9 @@ os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="minivllm_test_inductor_"))
 
 # The notebooks run as a student first meets them: each exercise cell is its starter, and check()
-# prints "not attempted" without grading anything. tests/test_exercises*.py grade every reference
-# solution (and a wrong answer), once per run; MINIVLLM_SOLUTIONS=1 here would grade each a second
-# time inside the notebooks, for nothing nbval compares.
+# prints "not attempted" without grading anything. tests/teaching/test_exercises*.py grade every
+# reference solution (and a wrong answer), once per run; MINIVLLM_SOLUTIONS=1 here would grade
+# each a second time inside the notebooks, for nothing nbval compares.
 os.environ.pop("MINIVLLM_SOLUTIONS", None)
 
 import logging  # noqa: E402
@@ -105,16 +105,18 @@ def pytest_configure(config):
 # --durations=0 summed by file); a file not listed took under 30 s and keeps its place. Only the
 # order depends on these figures, never a result.
 COST_S = {
-    "tests/test_cache_keys.py": 260, "tests/test_quant_fusion.py": 197,
-    "notebooks/09_aot_and_cache.ipynb": 144, "tests/test_aot_paths.py": 124,
-    "tests/test_browser_check.py": 123, "tests/test_caching.py": 119,
+    "tests/compilation/test_cache_keys.py": 260,
+    "tests/compilation/passes/test_quant_fusion.py": 197,
+    "notebooks/09_aot_and_cache.ipynb": 144, "tests/compilation/test_aot_paths.py": 124,
+    "tests/teaching/test_browser_check.py": 123, "tests/compilation/test_caching.py": 119,
     "notebooks/16_tensor_parallel.ipynb": 87, "notebooks/12_capstone.ipynb": 85,
-    "tests/test_cache_integrity.py": 84, "tests/test_exercises.py": 76,
-    "notebooks/13_fusion_passes.ipynb": 71, "tests/test_ir_cache_keys.py": 68,
-    "tests/test_cache_traced_state.py": 59, "tests/test_cuda_graph.py": 54,
-    "tests/test_tp_start.py": 45, "tests/test_launch.py": 44, "tests/test_bench.py": 41,
-    "tests/test_tp_compile.py": 40, "tests/test_qk_norm_rope_fusion.py": 39,
-    "tests/test_tour.py": 35, "notebooks/15_vllm_ir.ipynb": 35, "tests/test_fp8.py": 34,
+    "tests/compilation/test_cache_integrity.py": 84, "tests/teaching/test_exercises.py": 76,
+    "notebooks/13_fusion_passes.ipynb": 71, "tests/compilation/test_ir_cache_keys.py": 68,
+    "tests/compilation/test_cache_traced_state.py": 59, "tests/compilation/test_cuda_graph.py": 54,
+    "tests/distributed/test_tp_start.py": 45, "tests/distributed/test_launch.py": 44,
+    "tests/bench/test_bench.py": 41, "tests/distributed/test_tp_compile.py": 40,
+    "tests/compilation/passes/test_qk_norm_rope_fusion.py": 39, "tests/teaching/test_tour.py": 35,
+    "notebooks/15_vllm_ir.ipynb": 35, "tests/models/test_fp8.py": 34,
 }
 
 

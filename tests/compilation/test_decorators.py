@@ -243,10 +243,11 @@ class Counting(nn.Module):
 
 @pytest.mark.compiles
 def test_buffer_mutation_is_refused_and_the_line_named():
-    # refused only under a CUDA-graph mode, as in vLLM (tests/test_cuda_graph.py: allowed without)
+    # refused only under a CUDA-graph mode, as in vLLM (tests/compilation/test_cuda_graph.py:
+    # allowed without)
     model = support_torch_compile(type("CountingModel", (Counting,), {}))(
         compilation_config=cfg(cudagraph_mode="FULL"))
-    with pytest.raises(RuntimeError, match=r"test_tracing.py:\d+: self.calls = self.calls \+ 1"):
+    with pytest.raises(RuntimeError, match=r"test_decorators.py:\d+: self.calls = self.calls \+ 1"):
         model(torch.randn(4, 8))
 
 
@@ -342,7 +343,8 @@ def test_a_refused_buffer_mutation_stays_refused():
 def test_later_calls_the_trace_does_not_fit_are_refused_naming_the_fix():
     """The guards are dropped, so only this check stands between a strided or retyped input and
     compiled code that reads it as the first call's (a non-contiguous tensor used to fail inside a
-    custom op's fake kernel; int32 ids aborted the process: tests/test_cache_keys.py)."""
+    custom op's fake kernel; int32 ids aborted the process:
+    tests/compilation/test_cache_keys.py)."""
     m = Branchy(compilation_config=cfg())
     x = torch.randn(6, 8)
     eager = m.forward(x)

@@ -9,7 +9,7 @@ Two ways to get the graph the passes see:
 
 The model takes the seed's path to the norms: IR priority vllm_c with the torch wrap off, so Dynamo
 traces RMSNorm straight into the in-place custom ops (vLLM 0.33's default path, the IR ops lowered
-after the fusion passes, is tests/test_ir_passes.py's).
+after the fusion passes, is tests/compilation/passes/test_ir_passes.py's).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def test_defunctionalized_graph_runs_and_matches_eager(lm, inputs, eager_out):
 
 def test_hybrid_model_q_k_norms_and_rope_too_and_the_conv_op_is_left_alone():
     """The hybrid's attention norms q and k per head (two rms_norm) before RoPE, unfused as vLLM
-    writes it (QKNormRoPEFusionPass, tests/test_qk_norm_rope_fusion.py,
+    writes it (QKNormRoPEFusionPass, tests/compilation/passes/test_qk_norm_rope_fusion.py,
     fuses them under Inductor)."""
     # conv, then attention
     hybrid = build_model("hybrid", num_layers=2, compilation_config=SEED_PATH)

@@ -1,5 +1,6 @@
-"""Notebook 04's and 05's graders beyond the one typical wrong answer tests/test_exercises.py tries:
-other wrong answers get messages that name what is wrong, and grading leaves no state behind."""
+"""Notebook 04's and 05's graders beyond the one typical wrong answer
+tests/teaching/test_exercises.py tries: other wrong answers get messages that name what is wrong,
+and grading leaves no state behind."""
 
 import os
 

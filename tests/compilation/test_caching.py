@@ -162,7 +162,7 @@ def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
     assert factors["device"] == "cpu"  # where the traced graph's inputs live
     assert any(p.endswith("models/llama.py") for p in factors["traced_files"])
     # the mega artifact: the pieces are inside the AOT file (the other
-    # layout: tests/test_aot_paths.py)
+    # layout: tests/compilation/test_aot_paths.py)
     assert not list(d.glob("artifact_*")) and not (d / "vllm_compile_cache.py").exists()
     text = describe_cache(root / "torch_compile_cache")
     assert "cache_key_factors.json" in text and "traced_files: " in text and "model" in text
@@ -183,7 +183,7 @@ def test_a_corrupt_artifact_is_reported_once_and_rebuilt(saved, tmp_path):
     proc, c = run_child(root, tmp_path / "out3.pt")  # and the rebuilt one loads
     assert c["num_aot_artifacts_loaded"] == 1
     # ... and is an error when the load is forced (a corrupt piece or index without the mega
-    # artifact: tests/test_aot_paths.py)
+    # artifact: tests/compilation/test_aot_paths.py)
     model_file.write_bytes(model_file.read_bytes()[:100])
     proc, _ = run_child(root, tmp_path / "out5.pt", env={"VLLM_FORCE_AOT_LOAD": "1"})
     assert proc.returncode != 0 and "VLLM_FORCE_AOT_LOAD=1 and the AOT artifact" in proc.stderr

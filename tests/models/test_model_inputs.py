@@ -24,7 +24,7 @@ from minivllm_compile.models import build_model, load_model
 # every test here compiles, or shares a module fixture that does: whole suite only
 pytestmark = pytest.mark.compiles
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """vLLM IR (minivllm_compile/ir/): every provider of every op against `native`, within the op's
 tolerance, and every refusal the issue lists, each naming the op and the fix. Nothing compiles
-here (tests/test_ir_passes.py compiles)."""
+here (tests/compilation/passes/test_ir_passes.py compiles)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from minivllm_compile.models import load_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from minivllm_compile.models import load_model
 # every test here compiles, or shares a module fixture that does: whole suite only
 pytestmark = pytest.mark.compiles
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def main(", "import os\nimport sys\n\nclass Parser:\n    def __init__(self, argv):\n"]
 
 

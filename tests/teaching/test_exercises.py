@@ -17,7 +17,7 @@ import pytest
 from minivllm_compile import exercises
 from minivllm_compile.exercises import ExerciseFailed
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 KEYS = [ex.key for ex in exercises.all_exercises()]
 # the graders that compile (or start ranks) to measure: whole suite only. The others, right and
 # wrong answers alike, are in the quick tier, which fails any of them that compiles after all.

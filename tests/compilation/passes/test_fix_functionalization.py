@@ -10,7 +10,7 @@ The models here take the seed's path to the in-place norms: the IR priority vllm
 wrap off, so Dynamo traces RMSNorm straight into the custom ops (`torch.ops.minivllm.*`), which
 AOTAutograd wraps in auto_functionalized. (With the wrap on, vLLM 0.33's default, the norms reach
 the post-grad passes as IR ops and the lowering inserts the in-place calls itself:
-tests/test_ir_passes.py.)
+tests/compilation/passes/test_ir_passes.py.)
 """
 
 from __future__ import annotations

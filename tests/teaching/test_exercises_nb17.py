@@ -1,6 +1,6 @@
-"""Notebook 17's graders beyond their registered wrong answers (tests/test_exercises.py runs those
-and the reference solutions): each grader fails its broken model given back as the fix, and names
-the other typical mistakes."""
+"""Notebook 17's graders beyond their registered wrong answers
+(tests/teaching/test_exercises.py runs those and the reference solutions): each grader fails its
+broken model given back as the fix, and names the other typical mistakes."""
 
 import pytest
 import torch

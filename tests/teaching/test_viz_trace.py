@@ -21,7 +21,7 @@ from minivllm_compile.viz.trace import torch_trace, trace, trace_script
 # every test here compiles, or shares a module fixture that does: whole suite only
 pytestmark = pytest.mark.compiles
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Notebook 06's and 07's graders beyond the solution and the one typical wrong answer that
-tests/test_exercises.py grades: what they say for other mistakes, and that they leak no state."""
+tests/teaching/test_exercises.py grades: what they say for other mistakes, and that they leak no
+state."""
 
 import os
 

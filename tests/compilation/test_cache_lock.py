@@ -19,7 +19,7 @@ import pytest
 from minivllm_compile import envs
 from minivllm_compile.compilation.cache_files import lock_holder, locked
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOLDER = """
 import sys
 from pathlib import Path

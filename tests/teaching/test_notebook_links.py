@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def anchor(heading: str) -> str:

@@ -403,7 +403,7 @@ def test_the_script_reproduces_the_shipped_checkpoint_from_its_logged_calibratio
 
     from minivllm_compile.models.quant import SHARDS
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("quantize_fp8",
                                                   root / "scripts" / "quantize_fp8.py")
     script = importlib.util.module_from_spec(spec)

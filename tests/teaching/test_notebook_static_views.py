@@ -6,7 +6,7 @@ not `VBox(children=(Dropdown(...`."""
 import json
 from pathlib import Path
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
