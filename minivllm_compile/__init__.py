@@ -2,8 +2,8 @@
 
 __version__ = "0.1.0"
 
-# modules notebooks reach for (the cache's three also by their old names, minivllm_compile.caching
-# and so on: their home is minivllm_compile.compilation)
+# modules notebooks reach for (the cache's three importable from here as they always were; their
+# home is minivllm_compile/compilation/)
 from minivllm_compile import envs  # noqa: F401
 from minivllm_compile.compilation import cache_files, cache_keys, caching  # noqa: F401
 from minivllm_compile.compilation.counter import compilation_counter

@@ -41,7 +41,7 @@ from minivllm_compile.compilation.counter import compilation_counter
 from minivllm_compile.compilation.cuda_graph import wrap_with_cudagraph_if_needed
 from minivllm_compile.compilation.monitor import dynamo_transform_time
 from minivllm_compile.compilation.partition_rules import should_split, warn_unknown_splitting_ops
-from minivllm_compile.compilation.piecewise_backend import PiecewiseBackend
+from minivllm_compile.compilation.piecewise_backend import PiecewiseBackend, StitchingRecord
 from minivllm_compile.config import CompilationConfig, DynamicShapesType, Range
 
 logger = logging.getLogger("minivllm_compile")
@@ -436,10 +436,10 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
                                      submod_name=target)
             self.backend.piecewise_backends.append(piece)
             # the stitching graph now calls the backend, under a PIECEWISE CUDA-graph wrapper when
-            # the mode has piecewise graphs (vLLM wraps here too); the splitting
-            # ops stay unwrapped, eager
-            self.module.__dict__[target] = wrap_with_cudagraph_if_needed(
-                piece, self.backend.compilation_config)
+            # the mode has piecewise graphs (vLLM wraps here too, in self.module.__dict__); the
+            # splitting ops stay unwrapped, eager
+            self.backend.record.install(target, wrap_with_cudagraph_if_needed(
+                piece, self.backend.compilation_config), backend=piece)
             compilation_counter.num_piecewise_capturable_graphs_seen += 1
         return output
 
@@ -479,6 +479,8 @@ class VllmBackend:
         self.compiler_manager = CompilerManager(compilation_config, self.inductor_config)
         self.graphs: list[fx.GraphModule] = []  # the Dynamo graph (one: Dynamo traces once)
         self.piecewise_backends: list[PiecewiseBackend] = []
+        # what it built, for the views and the artifact (set when the graph arrives)
+        self.record: StitchingRecord | None = None
         self.dynamo_time_s: float | None = None
         self.cache_dir: str | None = None
         self.post_grad_pass_manager = None
@@ -541,6 +543,7 @@ class VllmBackend:
         cc = self.compilation_config
         warn_unknown_splitting_ops(cc.splitting_ops)
         self.split_gm, self.piecewise_graphs = split_graph(gm, cc.splitting_ops)
+        self.record = StitchingRecord(self.split_gm)
         self._trace_config_and_split()
         compilation_counter.num_piecewise_graphs_seen += len(self.piecewise_graphs)
         names = [it.submod_name for it in self.piecewise_graphs if not it.is_splitting_graph]
@@ -553,7 +556,7 @@ class VllmBackend:
                    "single_output": returns_single_value(pb.graph),
                    "entries": {r: e.compiled.artifact_path for r, e in pb.range_entries.items()}}
                   for pb in self.piecewise_backends]
-        return caching.VllmSerializableFunction(self.split_gm, cc, pieces, self.cache_dir,
+        return caching.VllmSerializableFunction(self.record, cc, pieces, self.cache_dir,
                                                 cc.compile_cache_save_format, example_inputs)
 
     def _trace_config_and_split(self) -> None:

@@ -58,6 +58,7 @@ def sha(text: str, n: int = 10) -> str:
 # Dynamo's traced files key by content, the benchmarks, the tour and the launcher) is the
 # compiler's user: an edit there keeps every user's compile cache; an edit in the compiler is a new
 # compiler and compiles afresh. A display-only helper belongs outside these folders.
+PACKAGE = Path(__file__).resolve().parents[1]  # minivllm_compile/, above this compilation/
 COMPILER_FOLDERS = ("config", "compilation", "ir", "distributed",
                     # the Triton kernels the custom ops and IR providers run, where an install
                     # puts them (an editable one keeps them in the repository: compiler_source_hash)
@@ -105,7 +106,7 @@ def source_hash(files: list[Path], root: Path) -> str:
 def compiler_source_hash() -> str:
     """The source of every module of this package that takes part in compiling (vLLM keys on its
     release for this): an edited pass, backend or adaptor must not load what the old one built."""
-    package = Path(__file__).resolve().parent
+    package = PACKAGE
     # shipped as minivllm_compile.kernels from the repository's kernels/ (an editable install keeps
     # it there): find it without importing it
     kernels = Path(importlib.util.find_spec(

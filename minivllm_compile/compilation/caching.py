@@ -49,7 +49,7 @@ from minivllm_compile.compilation.cache_keys import DEFAULT_MODEL_TAG
 from minivllm_compile.compilation.compiler_interface import first_output
 from minivllm_compile.compilation.counter import compilation_counter
 from minivllm_compile.compilation.cuda_graph import wrap_with_cudagraph_if_needed
-from minivllm_compile.compilation.piecewise_backend import PiecewiseBackend
+from minivllm_compile.compilation.piecewise_backend import PiecewiseBackend, StitchingRecord
 from minivllm_compile.config import CompilationConfig, CompilationMode, Range
 
 logger = logging.getLogger("minivllm_compile")
@@ -118,10 +118,12 @@ class VllmSerializableFunction(SerializableCallable):
               each artifact in its index instead of compiling (finalize_loading)
     """
 
-    def __init__(self, split_gm: fx.GraphModule, compilation_config: CompilationConfig,
+    def __init__(self, record: StitchingRecord, compilation_config: CompilationConfig,
                  pieces: list[dict], cache_dir: str | None, save_format: str,
                  example_inputs: Sequence = ()):
-        self.split_gm = split_gm
+        # the stitching graph and its pieces, as the backend (or the mega load) built them
+        self.record = record
+        self.split_gm = record.split_gm
         # as vLLM's: the ShapeEnv of the trace (its symbols, their ranges and guards), from the
         # first SymInt input; None for a mega load, which rebuilds the pieces without tracing
         sym_input = next((i for i in example_inputs if isinstance(i, torch.SymInt)), None)
@@ -133,14 +135,13 @@ class VllmSerializableFunction(SerializableCallable):
         self.save_format = save_format
         # the backend that built it (the pieces know it), as vLLM's holds vllm_backend: the
         # non-mega save needs its Dynamo graph. None for a loaded one.
-        self.vllm_backend = next((m.vllm_backend for m in vars(split_gm).values()
-                                  if isinstance(m, PiecewiseBackend)
-                                  and m.vllm_backend is not None), None)
+        self.vllm_backend = next((b.vllm_backend for b in record.backends.values()
+                                  if b.vllm_backend is not None), None)
         self._pending: tuple | None = None  # a non-mega load, until finalize_loading
         if compilation_config.enable_layerwise_nvtx_tracing:  # seed §12: not saved, so added here
             from minivllm_compile.compilation.nvtx import add_stitching_ranges
 
-            add_stitching_ranges(split_gm)
+            add_stitching_ranges(record)
 
     @property
     def co_name(self) -> str:
@@ -192,7 +193,8 @@ class VllmSerializableFunction(SerializableCallable):
             # this, and the backend's cache dir is keyed on them): the backend runs in
             # finalize_loading
             fn = cls.__new__(cls)
-            fn.split_gm, fn.compilation_config, fn.pieces, fn.cache_dir = None, None, [], None
+            fn.record, fn.split_gm, fn.compilation_config = None, None, None
+            fn.pieces, fn.cache_dir = [], None
             fn.save_format, fn.vllm_backend, fn.shape_env = state["save_format"], None, None
             fn._pending = (gm, state["prefix"], fake_mode)
             fn.built_for = state["built_for"]
@@ -202,8 +204,8 @@ class VllmSerializableFunction(SerializableCallable):
                 child.recompile()
         cc = _loading_config or pickle.loads(state["config"])
         with cpu_isa.remembered_probe():  # else Inductor's ISA probe is most of the load's time
-            _load_pieces(gm, cc, state["pieces"], state["artifacts"])
-        fn = cls(gm, cc, state["pieces"], None, state["save_format"])
+            record = _load_pieces(gm, cc, state["pieces"], state["artifacts"])
+        fn = cls(record, cc, state["pieces"], None, state["save_format"])
         fn.built_for = state["built_for"]
         return fn
 
@@ -225,8 +227,8 @@ class VllmSerializableFunction(SerializableCallable):
                 _ExampleValues(gm).run(*example_inputs)
             built = backend(gm, example_inputs)
         self._pending = None
-        self.split_gm, self.compilation_config, self.pieces = (built.split_gm,
-                                                               compilation_config, built.pieces)
+        self.record, self.split_gm = built.record, built.split_gm
+        self.compilation_config, self.pieces = compilation_config, built.pieces
         self.cache_dir, self.vllm_backend = built.cache_dir, backend
         self.shape_env = built.shape_env
 
@@ -295,9 +297,7 @@ def _piece_bytes(fn: VllmSerializableFunction) -> tuple[list[dict], dict[str, by
     backend's cache is needed."""
     pieces, store = [], {}
     for p in fn.pieces:
-        runnable = fn.split_gm.__dict__[p["submod"]]
-        # under a profiler range (nvtx.RangeWrapper)
-        backend = getattr(runnable, "runnable", runnable)
+        backend = fn.record.backends[p["submod"]]
         entries = {}
         for r, e in backend.range_entries.items():
             artifact = e.compiled.runnable
@@ -317,11 +317,12 @@ def _piece_bytes(fn: VllmSerializableFunction) -> tuple[list[dict], dict[str, by
 
 
 def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict],
-                 store: dict[str, bytes]) -> None:
+                 store: dict[str, bytes]) -> StitchingRecord:
     """Put a PiecewiseBackend over each piece's loaded artifacts in the stitching graph; each
     distinct artifact is deserialized (and counted) once, as vLLM's load_all does."""
     from torch._inductor.standalone_compile import AOTCompiledArtifact
 
+    record = StitchingRecord(gm)
     loaded: dict[str, Any] = {}
     for p in pieces:
         runnables = {}
@@ -337,8 +338,10 @@ def _load_pieces(gm: fx.GraphModule, cc: CompilationConfig, pieces: list[dict],
             runnables[r] = loaded[digest]
             if p.get("single_output"):  # a loaded artifact returns a list even for one value
                 runnables[r] = first_output(runnables[r])
-        gm.__dict__[p["submod"]] = wrap_with_cudagraph_if_needed(PiecewiseBackend.from_runnables(
-            cc, p["index"], p["sym_shape_indices"], runnables), cc)
+        backend = PiecewiseBackend.from_runnables(cc, p["index"], p["sym_shape_indices"],
+                                                  runnables)
+        record.install(p["submod"], wrap_with_cudagraph_if_needed(backend, cc), backend=backend)
+    return record
 
 
 def range_key(r: Range) -> str:

@@ -14,10 +14,13 @@ depends on what still runs as Python:
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from minivllm_compile.compilation.piecewise_backend import StitchingRecord
 
 
 def _push(name: str) -> Any:
@@ -33,21 +36,20 @@ def _pop(handle: Any) -> None:
         torch.cuda.nvtx.range_pop()
 
 
-def add_stitching_ranges(split_gm: nn.Module) -> None:
+def add_stitching_ranges(record: StitchingRecord) -> None:
     """A range around every submodule the stitching graph calls: a compiled piece named by its
     index, a splitting op after the layer it serves. Called for a freshly compiled and for a
     loaded stitching graph alike (caching.VllmSerializableFunction)."""
-    for name, child in split_gm.named_children():
-        runnable = split_gm.__dict__.get(name, child)  # a piece's PiecewiseBackend stands there
+    for name, child in record.split_gm.named_children():
+        runnable = record.called_for(name)  # a compiled piece's (maybe wrapped) PiecewiseBackend
         if isinstance(runnable, RangeWrapper):
             continue
-        index = getattr(runnable, "piecewise_compile_index", None)
-        if index is not None:
-            label = f"piece {index} (compiled)"
+        if name in record.backends:
+            label = f"piece {record.backends[name].piecewise_compile_index} (compiled)"
         else:  # a splitting op: its layer_name argument
             names = [a for n in child.graph.nodes for a in n.args if isinstance(a, str)]
             label = names[0] if names else name
-        split_gm.__dict__[name] = RangeWrapper(runnable, label)
+        record.install(name, RangeWrapper(runnable, label))
 
 
 @contextmanager

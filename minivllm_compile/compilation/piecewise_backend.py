@@ -9,7 +9,8 @@ range containing it. A num_tokens outside every entry is an error: no recompile,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -161,3 +162,44 @@ class PiecewiseBackend:
                 "(nothing is recompiled at run time)")
         self._entry_for_shape[runtime_shape] = entry
         return entry.compiled.runnable(*args)
+
+
+@dataclass
+class StitchingRecord:
+    """What the backend built, in one place: the stitching graph, each compiled piece's
+    PiecewiseBackend, and what the stitching graph calls in each submodule's place. The views
+    (viz/, the notebooks) and the artifact writer (caching.py) read this, never split_gm's
+    attributes through wrappers.
+
+    split_gm    the stitching graph (vLLM's split_gm): it calls the compiled pieces and, between
+                them, the splitting ops (attention, conv), which run eagerly
+    backends    per compiled piece, by submodule name in program order: its PiecewiseBackend (its
+                graph, index, sym_shape_indices and compiled entries, range_entries)
+    runnables   per submodule the stitching graph calls through something else: that callable, as
+                installed last. A compiled piece's PiecewiseBackend, under a CUDAGraphWrapper
+                (cuda_graph.py) when the mode has piecewise graphs, under a profiler range
+                (nvtx.RangeWrapper) with layerwise tracing on; a splitting submodule appears only
+                when wrapped in a range
+
+    Filled through `install` by the PiecewiseCompileInterpreter (a compile), by the mega
+    artifact's load (caching._load_pieces) and by nvtx.add_stitching_ranges. VllmBackend.record
+    and VllmSerializableFunction.record are this object.
+    """
+
+    split_gm: fx.GraphModule
+    backends: dict[str, PiecewiseBackend] = field(default_factory=dict)
+    runnables: dict[str, Callable] = field(default_factory=dict)
+
+    def install(self, submod_name: str, runnable: Callable,
+                backend: PiecewiseBackend | None = None) -> None:
+        """Make the stitching graph call `runnable` for `submod_name` (an instance attribute wins
+        over the submodule of that name, as vLLM's interpreter relies on), and record it."""
+        self.split_gm.__dict__[submod_name] = runnable
+        self.runnables[submod_name] = runnable
+        if backend is not None:
+            self.backends[submod_name] = backend
+
+    def called_for(self, submod_name: str) -> Callable:
+        """What the stitching graph calls for this submodule: the installed callable, else the
+        submodule itself (a splitting op's piece)."""
+        return self.runnables.get(submod_name) or getattr(self.split_gm, submod_name)

@@ -24,7 +24,8 @@ right value, `measured` may. Each grader runs the real thing to get the truth, o
 
 MINIVLLM_SOLUTIONS=1 grades the reference solutions instead of the cells' answers (a teacher's
 check that every grader works; a wrong verdict then raises). CI leaves it off: the notebooks run
-their starters, and tests/test_exercises*.py grade every reference solution and wrong answer.
+their starters, and tests/teaching/test_exercises*.py grade every reference solution and wrong
+answer.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Exercise:
     deeper_hint: str  # exercises.hint(key): the reasoning, step by step, still not the answer
     grade: Callable[[Any], str]  # raises ExerciseFailed, else returns what the answer got right
     solution: Callable[[], Any]  # the reference answer (a value, or the function a student writes)
-    wrong: Callable[[], Any]  # a typical wrong answer (tests/test_exercises.py)
+    wrong: Callable[[], Any]  # a typical wrong answer (tests/teaching/test_exercises.py)
     wrong_says: str  # a phrase the lesson on `wrong` contains
     # a phrase of `measured` on `wrong` that states the right value: never in the lesson
     gives_away: str

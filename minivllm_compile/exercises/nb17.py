@@ -212,8 +212,8 @@ def _check_switch(case: _Case, switch: Any) -> str:
         raise ExerciseFailed(
             f"'turn_off' names one switch, as a string: one of {list(SWITCHES)}; got {switch!r}"
         )
-    # (that the model goes wrong as configured is tests/test_exercises_nb17.py's to check, not
-    # each grading's)
+    # (that the model goes wrong as configured is tests/teaching/test_exercises_nb17.py's to check,
+    # not each grading's)
     if not _rerun(case.key, switch)[0]:
         raise ExerciseFailed(
             f"rerun with {switch}, the broken model still goes wrong: {switch} leaves the broken "

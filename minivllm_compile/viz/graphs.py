@@ -81,7 +81,8 @@ def table_text(rows: list[dict[str, Any]], max_width: int = 60) -> str:
 def _pieces(obj: Any) -> tuple[list[Any], fx.GraphModule | None]:
     """(SplitItems, stitching graph or None) from a VllmBackend, split_graph's tuple or a list."""
     if hasattr(obj, "piecewise_graphs"):
-        return list(obj.piecewise_graphs), getattr(obj, "split_gm", None)
+        record = getattr(obj, "record", None)
+        return list(obj.piecewise_graphs), record.split_gm if record is not None else None
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], fx.GraphModule):
         return list(obj[1]), obj[0]
     if isinstance(obj, list) and all(hasattr(it, "is_splitting_graph") for it in obj):
@@ -97,14 +98,15 @@ def _calls(gm: fx.GraphModule) -> list[fx.Node]:
 def piece_summary(obj: Any) -> list[dict[str, Any]]:
     """Per piece: name, splitting?, number of nodes, the ops it runs (getitems left out), and for
     a compiled piece of a VllmBackend the entries it was compiled for."""
-    items, split_gm = _pieces(obj)
+    items, _ = _pieces(obj)
     rows = []
     for it in items:
         ops = [op_label(n) for n in _calls(it.graph) if n.target is not operator.getitem]
         row = {"name": it.submod_name, "splitting": it.is_splitting_graph,
                "nodes": len(_calls(it.graph)), "ops": ops}
-        backend = split_gm.__dict__.get(it.submod_name) if split_gm is not None else None
-        if hasattr(backend, "range_entries"):
+        record = getattr(obj, "record", None)  # a VllmBackend's (compilation/piecewise_backend.py)
+        backend = record.backends.get(it.submod_name) if record is not None else None
+        if backend is not None:
             row["entries"] = [str(r) for r in backend.range_entries]
         rows.append(row)
     return rows

@@ -28,7 +28,7 @@ COLOURS = {"python": ("#f3f3f3", "#777777"), "dynamo": ("#e9defa", "#7a4fbf"),
 @dataclass
 class Stage:
     name: str  # what runs: "Dynamo", "split_graph", ...
-    where: str  # the module (under minivllm_compile/) that does it
+    where: str  # the module (under minivllm_compile/compilation/) that does it
     notebook: str  # where the notebooks open it, "02" or "03, 04"
     kind: str  # a COLOURS key
     lines: list[str] = field(default_factory=list)  # what it did in this compile

@@ -24,7 +24,7 @@ import json, os, sys, torch
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
 from minivllm_compile.models import build_model
 if os.environ.get("READ_ONLY_CACHE") == "1":  # a cache this process may read but not write
-    from minivllm_compile import cache_files
+    from minivllm_compile.compilation import cache_files
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))
     cache_files.atomic_write = refuse

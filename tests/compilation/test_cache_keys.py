@@ -413,3 +413,26 @@ def test_the_compiler_hash_covers_the_compiler_and_no_display_only_module(tmp_pa
                      "compilation/passes/pass_manager.py", "config/compilation.py", "envs.py",
                      "ops.py", "ir/op.py", "distributed/parallel_state.py"):
         assert hash_after(compiler) != base, compiler
+    # a new root module is the compiler's once a module of the compiler imports it, not before
+    (copy / "newmod.py").write_text("X = 1\n")
+    assert hash_after("newmod.py") == base
+    backends = copy / "compilation" / "backends.py"
+    backends.write_text(backends.read_text() + "\nfrom minivllm_compile import newmod  # noqa\n")
+    with_import = cache_files.source_hash(cache_files.compiler_files(copy), copy)
+    assert with_import != base and hash_after("newmod.py") != with_import
+
+
+def test_the_compiler_hash_reads_this_package():
+    """compiler_source_hash hashes the package cache_files.py sits in (one folder below it), by the
+    folder rule: a path one level off would hash compilation/__init__.py alone."""
+    import minivllm_compile
+    from minivllm_compile.compilation import cache_files
+
+    assert cache_files.PACKAGE == Path(minivllm_compile.__file__).resolve().parent
+    files = {p.relative_to(cache_files.PACKAGE).as_posix()
+             for p in cache_files.compiler_files(cache_files.PACKAGE)}
+    assert {"__init__.py", "envs.py", "ops.py", "forward_context.py", "config/compilation.py",
+            "compilation/backends.py", "compilation/passes/fusion/rms_quant_fusion.py",
+            "ir/op.py", "distributed/parallel_state.py"} <= files
+    assert not [f for f in files if f.split("/")[0] in (
+        "viz", "exercises", "bench", "models", "tour.py", "launch.py")]

@@ -97,3 +97,40 @@ def test_eager_layerwise_tracing_invokes_the_decorated_models_hooks():
     assert calls(mode=CompilationMode.NONE, enable_layerwise_nvtx_tracing=True,
                  cudagraph_mode=CUDAGraphMode.FULL, cudagraph_capture_sizes=[1],
                  max_num_batched_tokens=8) == 0
+
+
+@pytest.mark.compiles
+def test_the_backends_record_names_each_piece_under_every_wrapper():
+    """compilation/piecewise_backend.StitchingRecord: with piecewise CUDA graphs (the CPU stand-in)
+    and layerwise ranges both on, the stitching graph calls RangeWrapper(CUDAGraphWrapper(
+    PiecewiseBackend)) for a compiled piece and RangeWrapper(submodule) for an attention op. The
+    record names each layer, so the piece table lists every compiled piece's entries (read from
+    split_gm's attribute, a RangeWrapper, it listed none)."""
+    from minivllm_compile import viz
+    from minivllm_compile.compilation.cuda_graph import CUDAGraphWrapper
+    from minivllm_compile.compilation.nvtx import RangeWrapper
+    from minivllm_compile.compilation.piecewise_backend import PiecewiseBackend
+
+    cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="eager",
+                           enable_layerwise_nvtx_tracing=True, max_num_batched_tokens=16,
+                           compile_sizes=[4], cudagraph_mode="PIECEWISE",
+                           cudagraph_capture_sizes=[4])
+    lm = build_model("llama", num_layers=2, compilation_config=cc)
+    lm.warmup()
+    backend = lm.model.backend
+    record = backend.record
+    assert record.split_gm is backend.split_gm
+    compiled = [it.submod_name for it in backend.piecewise_graphs if not it.is_splitting_graph]
+    assert list(record.backends) == compiled and len(compiled) == 3
+    for it in backend.piecewise_graphs:
+        called = record.called_for(it.submod_name)
+        assert isinstance(called, RangeWrapper)
+        assert getattr(backend.split_gm, it.submod_name) is called  # what forward really calls
+        if it.is_splitting_graph:
+            assert called.runnable is it.graph
+        else:
+            assert isinstance(called.runnable, CUDAGraphWrapper)
+            assert called.runnable.runnable is record.backends[it.submod_name]
+            assert isinstance(record.backends[it.submod_name], PiecewiseBackend)
+    rows = {r["name"]: r for r in viz.piece_summary(backend)}
+    assert all(rows[name]["entries"] == ["Range(4, 4)", "Range(1, 16)"] for name in compiled)

@@ -5,13 +5,15 @@ since a pass is built from the PassConfig alone."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch._inductor.pattern_matcher as pm
 from torch import fx
 
 from minivllm_compile import ir
+
+if TYPE_CHECKING:  # the pattern matcher imports Inductor's lowerings: not for a warm start
+    import torch._inductor.pattern_matcher as pm
 
 # activation dtypes the quant ops take (ops._QUANT_INPUT_DTYPES); a graph input of another float
 # dtype (the fp8 weights) is no candidate

@@ -5,7 +5,7 @@ vLLM 0.33 writes them. Two details follow vLLM's native, not its CUDA kernel (no
 custom ops, which copy the kernel): the normalised value is cast to the weight's dtype before the
 multiply, and `fused_add_rms_norm` normalises the float32 sum, where the kernel normalises the sum
 rounded to the activation dtype. In float32 the two agree; in bfloat16 they differ by rounding,
-within the op's tolerance (tests/test_ir_ops.py).
+within the op's tolerance (tests/ir/test_ir_ops.py).
 """
 
 from __future__ import annotations

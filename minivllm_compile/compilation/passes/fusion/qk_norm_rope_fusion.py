@@ -81,7 +81,7 @@ class QkNormRopeGeometry:
 # --- RoPE's plain-torch form, as RotaryEmbedding traces with custom_ops "none" -------------------
 # The core may not import models/, so this restates the native path of RotaryEmbedding
 # (kernels/rotary_embedding.py's rotary_embedding_ref on copies) functionally. It must trace to
-# the ops that does: tests/test_qk_norm_rope_fusion.py fails if they drift.
+# the ops that does: tests/compilation/passes/test_qk_norm_rope_fusion.py fails if they drift.
 
 
 def rotary_embedding_native(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
