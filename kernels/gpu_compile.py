@@ -1,6 +1,6 @@
 """Every Triton kernel compiled for a GPU, on a machine without one: Triton's own compiler, down to
-a cubin for sm_90 (Hopper: the H100 and H200), for every launch the self-check makes and
-the decode kernel's other branches.
+a cubin for sm_90 (Hopper: the H100 and H200), for every launch the self-check makes, the decode
+kernel's other branches, and the kernels only the IR providers launch.
 
 The interpreter (TRITON_INTERPRET=1) runs a kernel's Python on the CPU: it never meets Triton's
 type rules, loop lowering or register allocation, so a kernel can pass every interpreted test and
@@ -36,9 +36,19 @@ def _update_variants() -> None:
                          accepted.clamp(max=2), qsl, 2)
 
 
+def _ir_provider_kernels() -> None:
+    """The kernels only an IR provider launches (not in the self-check): gelu_and_mul_sparse's,
+    in fp32 and bf16, at a width that is not a power of two."""
+    from .activation import gelu_and_mul_sparse_triton
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(3, 2 * 1000, dtype=dtype)
+        gelu_and_mul_sparse_triton(torch.empty(3, 1000, dtype=dtype), x, 1.6448536269514722)
+
+
 def launches() -> list[tuple]:
-    """(kernel, args, kwargs) of every launch `selfcheck.check_all_kernels` makes, and of the decode
-    kernel's other branches; none is run."""
+    """(kernel, args, kwargs) of every launch `selfcheck.check_all_kernels` makes, of the decode
+    kernel's other branches and of the IR providers' own kernels; none is run."""
     from triton.runtime.jit import JITFunction
 
     from . import selfcheck
@@ -56,6 +66,7 @@ def launches() -> list[tuple]:
     try:
         selfcheck.check_all_kernels("cpu")
         _update_variants()
+        _ir_provider_kernels()
     finally:
         JITFunction.run = run
         os.environ["TRITON_INTERPRET"] = "0"

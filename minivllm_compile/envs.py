@@ -170,9 +170,26 @@ def default_device() -> str:
     return wanted or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# the switches left out of the compile cache's key: each changes where things go or what is
+# logged, never the compiled code (compile_factors hashes every other switch above)
+IGNORED_FACTORS = frozenset({
+    "VLLM_CACHE_ROOT",  # where the cache is (vLLM ignores it too)
+    "VLLM_FORCE_AOT_LOAD",  # whether a missing artifact is an error (vLLM ignores it too)
+    "VLLM_LOGGING_LEVEL",  # what is logged (vLLM ignores it too)
+    # where log lines go: vLLM's list leaves it out (it hashes it), but it changes nothing compiled
+    # either, as its other logging switches, which vLLM does ignore
+    "VLLM_CONFIGURE_LOGGING",
+    "MINIVLLM_CACHE_LOCK_TIMEOUT_S",  # how long a compile waits for another process's lock
+})
+
+
 def compile_factors() -> dict[str, Any]:
-    """The switches that change what gets compiled (part of the cache key)."""
-    return {k: environment_variables[k]() for k in ("VLLM_USE_BYTECODE_HOOK",
-                                                    "VLLM_USE_AOT_COMPILE",
-                                                    "VLLM_USE_MEGA_AOT_ARTIFACT",
-                                                    "VLLM_USE_STANDALONE_COMPILE")}
+    """The switches in the compile cache's key, as vLLM 0.34's envs.compile_factors(): every known
+    switch (environment_variables) but IGNORED_FACTORS, by its parsed value (its default when
+    unset): a bool, a str or a number, plain JSON (vLLM passes each through normalize_value).
+    vLLM logs and skips a switch whose value does not parse; here that is the switch's own error,
+    as at every other read of it."""
+    unknown = IGNORED_FACTORS - environment_variables.keys()
+    assert not unknown, f"IGNORED_FACTORS names no switch: {sorted(unknown)}"
+    return {name: read() for name, read in environment_variables.items()
+            if name not in IGNORED_FACTORS}

@@ -250,7 +250,7 @@ def silu_and_mul(out: Tensor, input: Tensor) -> None:
 #
 # `result` is float8_e4m3fn; `scale` one float32 value (per tensor, static: calibrated offline and
 # stored in the checkpoint as `input_scale`); result = fp8(clamp(x * (1 / scale), -448, 448)).
-# vLLM 0.33's static_scaled_fp8_quant also takes an optional group_shape (per-channel and group
+# vLLM 0.34's static_scaled_fp8_quant also takes an optional group_shape (per-channel and group
 # scales); per tensor is the only scheme here, so the argument is left out.
 
 _QUANT_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -32,6 +32,7 @@ from minivllm_compile.bench.generate import bench_generate
 from minivllm_compile.bench.ir_priority import bench_ir_priority
 from minivllm_compile.bench.overhead import bench_overhead
 from minivllm_compile.bench.startup import bench_startup
+from minivllm_compile.bench.stitching import bench_stitching
 
 
 def targets(r: dict) -> list[dict]:
@@ -54,7 +55,7 @@ def targets(r: dict) -> list[dict]:
                    "TRACE_ONCE hook on vs STOCK")
         check("vLLM bytecode-hook call / direct stitched callable", o["vllm_hook_vs_direct_call"],
               "<=", 1.1,
-              "VLLM_COMPILE through the wrapper vs backend.split_gm(*args)")
+              "VLLM_COMPILE through the wrapper vs its stitching function called directly")
     if "aot_speedup_vs_cold" in r.get("startup", {}):
         check("cold compile / AOT load", r["startup"]["aot_speedup_vs_cold"], ">=", 10.0,
               "first-call s, fresh processes")
@@ -83,7 +84,8 @@ BENCHES = {"overhead": bench_overhead, "startup": bench_startup,
            "fix_functionalization": bench_fix_functionalization,
            "fusion": bench_fusion, "compile_scaling": bench_compile_scaling,
            "generate": bench_generate,
-           "cuda_graphs": bench_cuda_graphs, "ir_priority": bench_ir_priority}
+           "cuda_graphs": bench_cuda_graphs, "ir_priority": bench_ir_priority,
+           "stitching": bench_stitching}
 
 NAMES = list(BENCHES)
 

@@ -47,12 +47,15 @@ def _direct(lm, name: str, ids, pos, md):
     """The compiled callable of `name`'s model at this shape, with the arguments it received."""
     with env(VLLM_USE_BYTECODE_HOOK="1"), torch.inference_mode(), \
             set_forward_context(md, lm.model.static_forward_context):
-        if name == "vllm_direct":  # the stitched callable VllmBackend returned
-            g, captured = lm.model.backend.split_gm, []
-            h = g.register_forward_pre_hook(lambda m, a: captured.append(a))
-            lm.model(ids, pos)
-            h.remove()
-            return lambda *_, a=captured[0]: g(*a)
+        if name == "vllm_direct":  # the stitching function VllmBackend returned (codegen.py)
+            record, captured = lm.model.backend.record, []
+            stitched = record.execution_fn
+            record.execution_fn = lambda *a: captured.append(a) or stitched(*a)
+            try:
+                lm.model(ids, pos)
+            finally:
+                record.execution_fn = stitched
+            return lambda *_, a=captured[0]: stitched(*a)
         backend = lm._run_model.backend if name == "stock_direct" else lm.model.backend
         backend.capture = True
         (lm._run_model if name == "stock_direct" else lm.model)(ids, pos)

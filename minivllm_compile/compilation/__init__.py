@@ -10,9 +10,11 @@ vLLM 0.34's files, under their names and paths:
     compiler_interface.py  the Inductor adaptors (standalone_compile, compile_fx) and eager
     partition_rules.py     splitting_ops: which nodes cut the graph
     caching.py             VllmSerializableFunction: the AOT artifact and how it is saved
+    codegen.py             the stitching function: the split graph written out as plain Python
     cuda_graph.py          CUDAGraphWrapper (on a CPU: a static-buffer replay stand-in)
     counter.py             compilation_counter
     monitor.py             compile timing
+    depyf_compat.py        depyf's debugging (debug_dump_path) with its hook fixed for this Inductor
     passes/                the Inductor passes: fusion/, utility/, ir/ (vLLM's folders)
 
 This project's own (vLLM keeps these inside the files above, or has none):

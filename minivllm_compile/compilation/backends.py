@@ -240,7 +240,7 @@ class CompilerManager:
 
     The index, `vllm_compile_cache.py` in the prefix's cache folder, is a pprint'ed dict
     `((start, end), graph_index, compiler_name) -> {"graph_handle": (key, path), "cache_key": ...}`,
-    read back with ast.literal_eval. It is kept only with AOT compile on (as in vLLM 0.33): the
+    read back with ast.literal_eval. It is kept only with AOT compile on (as in vLLM 0.34): the
     non-mega AOT load re-runs the backend, and each piece and entry is then found in it and loaded
     instead of compiled. With the mega artifact the adaptor gives no handles (the bytes are in the
     AOT file), so the index stays empty; with AOT off nothing is loaded from it at all."""
@@ -408,8 +408,11 @@ class CompilerManager:
 
 
 class PiecewiseCompileInterpreter(torch.fx.Interpreter):
-    """Runs the split graph on fake inputs; each piece to compile gets a PiecewiseBackend (which
-    compiles it for every entry right away) in place of its submodule."""
+    """Walks the split graph on fake inputs; each piece to compile gets a PiecewiseBackend (which
+    compiles it for every entry right away) in place of its submodule. A piece is not run, not
+    even on fake tensors: its outputs are the values Dynamo recorded for them (each output node's
+    example_value), as vLLM's call_module reads them; the interpreter runs only the stitching
+    graph's own nodes (getitem, sym_size) to hand each piece its inputs."""
 
     def __init__(self, split_gm: fx.GraphModule, compile_submod_names: list[str],
                  backend: "VllmBackend"):
@@ -421,13 +424,17 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
     def run(self, *args: Any) -> Any:
         from torch._guards import detect_fake_mode
 
-        fake_mode = detect_fake_mode(args)
-        fake_args = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in args]
-        with fake_mode, enable_python_dispatcher():
+        # as vLLM's: each tensor input as Dynamo traced it (its placeholder's example_value, with
+        # num_tokens symbolic), the SymInts as given
+        traced = [n.meta["example_value"] for n in self.module.graph.find_nodes(op="placeholder")]
+        fake_args = [v if isinstance(t, torch.Tensor) else t for t, v in zip(args, traced)]
+        with detect_fake_mode(fake_args) or contextlib.nullcontext(), enable_python_dispatcher():
             return super().run(*fake_args)
 
     def call_module(self, target, args, kwargs):
-        output = super().call_module(target, args, kwargs)
+        submod = self.module._modules[target]  # the piece itself, whatever is installed over it
+        output = fx.map_arg(submod.graph.output_node().args[0],
+                            lambda node: node.meta["example_value"])
         if target in self.compile_submod_names:
             index = self.compile_submod_names.index(target)
             sym_shape_indices = [i for i, a in enumerate(args) if isinstance(a, torch.SymInt)]

@@ -1,36 +1,66 @@
 """The compile cache's keys: the factors that tell one compiled model from another (notebook 09).
 
 A key must cover everything that changes the compiled code, or the cache serves kernels built for
-something else. Its factors, and what each covers:
+something else. The factors are vLLM 0.34's, under its top-level names (VllmBackend.__call__:
+`compute_env_and_config_hashes`, `compiler_manager.compile_factors`, `get_code_factors`), and
+`cache_key_factors.json` holds them themselves, not hashes of them, so two cache folders diff field
+by field (viz.debugging.changed_factors names the field: `config.compilation.compile_sizes`):
 
-    config          the CompilationConfig's fields (mode, sizes, ranges, splitting ops, passes, ...)
-    envs            the switches that change what is compiled (VLLM_USE_AOT_COMPILE, ...)
-    torch           the torch release that compiled it
-    inductor_config Inductor's own settings in this process
-    compiler        the source of this package's compiler (cache_files.compiler_files: every module
-                    under cache_files.COMPILER_FOLDERS and the root modules they import): vLLM
-                    puts its release (vllm.__version__) in the key for the same reason
-    passes          the post-grad passes' uuids, a user's pass included (PostGradPassManager.uuid;
-                    vLLM leaves it out of its folder hash: there it keys Inductor's own cache)
-    model           the compiled module's class, forward's text where it can be read (a file, a
-                    notebook cell), and every parameter's and buffer's name, shape, dtype and
-                    device (weights are graph inputs: their values are not baked in)
-    constants       every plain value the module and its submodules hold (an eps, a head count,
-                    a layer name, a bool that picks a branch): Dynamo bakes such values into the
-                    graph as constants, and with the guards dropped nothing would notice a change
-                    (vLLM hashes the model's configuration for this)
-    inputs          the first call's arguments: each tensor's dtype, device, static sizes and
-                    contiguity; each plain argument's value
-    tag             which compiled part of the model it is (vLLM's model tag, "backbone" by default)
-    parallel        (from TP=2 on) the tensor-parallel size; never the rank, which names the folder
-                    below the hash instead (rank_{rank}_{dp_rank}), so that all ranks share a hash
-    device          (backend key) where the traced graph's inputs live
-    traced_files    (backend key) every file Dynamo traced, with its content.
+    env        envs.compile_factors(): every switch but envs.IGNORED_FACTORS, by its value
+    config     vLLM's VllmConfig.compile_factors(), made of this project's configs:
+      .model        the compiled module (model_factors, below): vLLM's ModelConfig factors
+      .compilation  CompilationConfig.compile_factors(): its fields but paths, traced files and
+                    enforce_eager, the CUDA-graph fields among them; dynamic_shapes_config,
+                    pass_config and kernel_config (the IR priority and each provider's uuid) by
+                    their own factors; a user's post_grad_custom_post_pass by its uuid
+      .parallel     ParallelConfig.current().compile_factors(): the TP size, never the rank, which
+                    names the folder below the hash instead (rank_{rank}_{dp_rank}), so that all
+                    ranks share a hash
+      .device       (backend key) where the traced graph's inputs live: {"device_type": "cpu"}
+      .version      the source of this package's compiler (cache_files.compiler_source_hash: every
+                    module under cache_files.COMPILER_FOLDERS and the root modules they import),
+                    where vLLM puts its release (vllm.__version__), for the same reason
+    code       (backend key) {"files": [{"path", "hash"}]}: every file Dynamo traced, with the hash
+               of its content (vLLM's read_code_files / get_code_factors); code in no readable file
+               ("<string>", a notebook cell) is listed by its path alone
+    compiler   the adaptor's compile_factors(config) (compiler_interface.py): for Inductor
+               {"inductor": {"torch_version", "torch_key", "inductor_config", "functorch_config",
+               and "system" where torch sees a GPU}}, for the eager backend nothing
+    config_hash, code_hash, compiler_hash
+               (cache_key_factors.json only) the hashes of those three, as vLLM writes them
 
-The AOT key is known before Dynamo runs: what only the trace finds out, the functions it read (a
-notebook cell's too) and every value it baked in and guarded on (a private or class attribute, a
-module global, a nested object's field), is recorded with the artifact and checked when it is
-loaded instead (traced_state.py).
+The folder's name is the first 10 hex digits of hash_factors({env, config, code, compiler}), as in
+vLLM. What the keys held before 0.34's shape, and where each went (the old name -> the new one):
+
+    config (a hash)        config.compilation (the fields themselves)
+    envs                   env (every switch, not four)
+    torch, inductor_config compiler.inductor.torch_version, .torch_key, .inductor_config
+    compiler (source hash) config.version
+    passes (the post-grad  gone, as from vLLM's folder hash: the pass manager's uuid keys Inductor's
+      pass manager's uuid) own FX-graph cache (PostGradPassManager.uuid, passes_uuid below); what
+                           it hashed is in config: pass_config and kernel_config in
+                           config.compilation, the passes' source in config.version, a user's pass
+                           in config.compilation.inductor_compile_config, the TP size in
+                           config.parallel
+    model, constants,      config.model.class, .forward, .parameters, .buffers, .constants,
+      inputs, tag            .inputs, .tag
+    parallel               config.parallel (at every TP size, 1 included)
+    device                 config.device
+    traced_files           code.files
+
+The model is what vLLM's ModelConfig stands for (config.model): its class and forward's text where
+it can be read (a file, a notebook cell), every parameter's and buffer's name, shape, dtype and
+device (weights are graph inputs: their values are not baked in), every plain value the module
+and its submodules hold (an eps, a head count, a layer name, a bool that picks a branch: Dynamo
+bakes such values into the graph as constants, and with the guards dropped nothing would notice a
+change; vLLM hashes the model's configuration for this), the first call's arguments (each tensor's
+dtype, device, static sizes and contiguity; each plain argument's value) and which compiled part of
+the model it is (its tag, vLLM's model tag, "backbone" by default).
+
+The AOT key is known before Dynamo runs: env, config (no device) and compiler. What only the trace
+finds out, the functions it read (a notebook cell's too) and every value it baked in and guarded
+on (a private or class attribute, a module global, a nested object's field), is recorded with the
+artifact and checked when it is loaded instead (traced_state.py).
 """
 
 from __future__ import annotations
@@ -39,32 +69,29 @@ import dataclasses
 import enum
 import inspect
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from minivllm_compile import envs
-from minivllm_compile.compilation.cache_files import compiler_source_hash, file_hash, sha
-from minivllm_compile.config import CompilationConfig
+from minivllm_compile.compilation.cache_files import compiler_source_hash, sha
+from minivllm_compile.compilation.compiler_interface import (
+    CompilerInterface,
+    EagerAdaptor,
+    InductorAdaptor,
+    InductorStandaloneAdaptor,
+)
+from minivllm_compile.config import (
+    CompilationConfig,
+    CompileFactors,
+    ParallelConfig,
+    hash_factors,
+)
 
 DEFAULT_MODEL_TAG = "backbone"
-
-
-def model_signature(module: torch.nn.Module) -> str:
-    """The model's class, forward's text, and every parameter's name, shape, dtype and device type:
-    weights are graph inputs, so a compiled artifact fits exactly the models with this signature
-    (C++ kernels built for CPU tensors are no use to a model on the GPU)."""
-    cls = type(module)
-    forward = cls.forward
-    try:  # forward's text where it can be read (a file, a notebook cell): an edit is a new key
-        written = sha(inspect.getsource(forward), 16)
-    except (OSError, TypeError):  # python -c, exec: the AOT save refuses such code (aot.py)
-        written = str(forward.__code__.co_firstlineno)
-    rows = [f"{cls.__module__}.{cls.__qualname__}:{written}"]
-    rows += [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}"
-             for n, p in module.named_parameters()]
-    rows += [f"{n}:{tuple(b.shape)}:{b.dtype}:{b.device.type}" for n, b in module.named_buffers()]
-    return sha("\n".join(rows), 16)
+# the three hashes vLLM writes beside the factors into cache_key_factors.json
+HASHES = ("config_hash", "code_hash", "compiler_hash")
 
 
 _SKIP = object()
@@ -79,7 +106,7 @@ _COMPILE_STATE = frozenset({"compilation_config", "do_not_compile", "compiled", 
 def _constant(value: Any, _seen: frozenset = frozenset(), _in_object: bool = False) -> Any:
     """`value` as JSON if a trace could bake it into the graph as a constant, else _SKIP. Tensors,
     modules and functions are not constants (they are inputs, walked on their own, or traced
-    source, which traced_files covers). A top-level None is skipped, so that a cache slot filled
+    source, which the code factor covers). A top-level None is skipped, so that a cache slot filled
     after construction does not change the key; inside a container it is a value like any other.
     Containers, dataclasses and plain objects are walked: a dict of options or a SimpleNamespace
     that forward reads is baked in as surely as a float attribute. An object held by another plain
@@ -143,8 +170,40 @@ def model_constants(module: torch.nn.Module) -> dict[str, Any]:
     return found
 
 
+def _tensor_row(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)}:{t.dtype}:{t.device.type}"
+
+
+def model_factors(module: torch.nn.Module, inputs: dict | None = None) -> CompileFactors:
+    """The key's config.model: what the compiled module is, what it holds, what it was first called
+    with, and its tag. Weights are graph inputs, so a compiled artifact fits exactly the models
+    with these parameters' names, shapes, dtypes and device types (C++ kernels built for CPU
+    tensors are no use to a model on the GPU); their values are in no factor."""
+    cls = type(module)
+    try:  # forward's text where it can be read (a file, a notebook cell): an edit is a new key
+        forward = sha(inspect.getsource(cls.forward), 16)
+    except (OSError, TypeError):  # python -c, exec: the AOT save refuses such code (aot.py)
+        forward = f"line {cls.forward.__code__.co_firstlineno}"
+    return {"class": f"{cls.__module__}.{cls.__qualname__}",
+            "forward": forward,
+            "parameters": {n: _tensor_row(p) for n, p in module.named_parameters()},
+            "buffers": {n: _tensor_row(b) for n, b in module.named_buffers()},
+            "constants": model_constants(module),
+            "inputs": inputs,
+            "tag": getattr(getattr(module, "backend", None), "prefix", DEFAULT_MODEL_TAG)}
+
+
+def parallel_factor() -> CompileFactors:
+    """The key's config.parallel: this process's ParallelConfig factors, the TP size (vLLM hashes
+    its ParallelConfig: the sizes, never the rank). A TP=2 rank's graph holds all-reduces and
+    half-size weights, and must not load what a TP=1 start compiled."""
+    return ParallelConfig.current().compile_factors()
+
+
 def passes_uuid(cc: CompilationConfig) -> str | None:
-    """The post-grad passes this config runs, by their uuids (each one's source and settings)."""
+    """The post-grad pass manager's uuid for this config (each pass's source and settings): a key
+    of Inductor's own FX-graph cache, as in vLLM (the backend installs the manager as Inductor's
+    post_grad_custom_post_pass), not of these keys, which hold what it hashes in `config`."""
     if cc.backend != "inductor":
         return None
     from minivllm_compile.compilation.passes import make_pass_manager
@@ -152,57 +211,87 @@ def passes_uuid(cc: CompilationConfig) -> str | None:
     return make_pass_manager(cc).uuid()[:16]
 
 
-def inductor_config_hash() -> str:
-    import torch._inductor.config as inductor_config
-
-    return sha(str(inductor_config.save_config_portable())
-               if hasattr(inductor_config, "save_config_portable")
-               else repr(sorted(inductor_config.get_config_copy().items(), key=str)), 16)
-
-
-def model_factors(module: torch.nn.Module, inputs: dict | None = None) -> dict[str, Any]:
-    """The factors that tell one compiled module from another: what it is, what it holds, what it
-    was first called with, and its tag."""
-    return {"model": model_signature(module),
-            "constants": sha(json.dumps(model_constants(module), sort_keys=True), 16),
-            "inputs": inputs,
-            "tag": getattr(getattr(module, "backend", None), "prefix", DEFAULT_MODEL_TAG)}
+def compiler_for(cc: CompilationConfig) -> CompilerInterface:
+    """The adaptor this config's pieces go to, as backends.make_compiler picks it (its AOT setting
+    changes what the adaptor saves, not its factors)."""
+    if cc.backend == "eager":
+        return EagerAdaptor()
+    if envs.VLLM_USE_STANDALONE_COMPILE and hasattr(torch._inductor, "standalone_compile"):
+        return InductorStandaloneAdaptor()
+    return InductorAdaptor()
 
 
-def parallel_factor() -> dict[str, int] | None:
-    """The TP size (vLLM hashes its ParallelConfig: the sizes, never the rank), None in one
-    process: a TP=2 rank's graph holds all-reduces and half-size weights, and must not load what a
-    TP=1 start compiled. Left out of the key at TP=1, so that a single process keeps its key."""
-    from minivllm_compile.distributed.parallel_state import get_tensor_model_parallel_world_size
-
-    tp = get_tensor_model_parallel_world_size()
-    return {"tensor_parallel_size": tp} if tp > 1 else None
+def compiler_factors(cc: CompilationConfig) -> CompileFactors:
+    """The key's compiler: the adaptor's own factors (vLLM's CompilerManager.compile_factors)."""
+    return compiler_for(cc).compile_factors(cc)
 
 
-def compile_factors(cc: CompilationConfig) -> dict[str, Any]:
-    """The factors that do not depend on the model: how it is compiled, and by what, and on how
-    many ranks ("parallel", from TP=2 on)."""
-    factors = {"config": cc.compute_hash(), "envs": envs.compile_factors(),
-               "torch": torch.__version__,
-               "inductor_config": inductor_config_hash(), "compiler": compiler_source_hash(),
-               "passes": passes_uuid(cc)}
-    parallel = parallel_factor()
-    if parallel is not None:
-        factors["parallel"] = parallel
+def config_factors(cc: CompilationConfig, factors_of_model: dict | None = None,
+                   device: str | None = None) -> CompileFactors:
+    """The key's config (vLLM's VllmConfig.compile_factors(), from this project's configs): the
+    model's factors ({} for a backend used without a model), the compilation config's, the
+    parallel settings', the device type (the backend key only) and the compiler's source."""
+    factors: CompileFactors = {"model": factors_of_model or {},
+                               "compilation": cc.compile_factors(),
+                               "parallel": parallel_factor(),
+                               "version": compiler_source_hash()}
+    if device is not None:
+        factors["device"] = {"device_type": device}
     return factors
+
+
+def read_code_files(files: Any) -> dict[str, str | None]:
+    """Each traced file's text, None where it cannot be read (vLLM's, caching.py): `<string>` from
+    exec, a notebook cell's name (its text is checked on load instead, traced_state.py), a file
+    removed since."""
+    contents: dict[str, str | None] = {}
+    for path in files:
+        try:
+            contents[str(path)] = Path(path).read_text()
+        except (OSError, UnicodeDecodeError):
+            contents[str(path)] = None
+    return contents
+
+
+def get_code_factors(contents: dict[str, str | None]) -> list[dict[str, str]]:
+    """One entry per file, sorted by path: its path, and the hash of its content where it was read
+    (vLLM's, caching.py; a `<...>` path never gets a hash)."""
+    factors = []
+    for path, content in sorted(contents.items()):
+        entry = {"path": path}
+        if content is not None and not path.startswith("<"):
+            entry["hash"] = hash_factors({"content": content})
+        factors.append(entry)
+    return factors
+
+
+def _canonical(factors: dict) -> dict:
+    """As JSON holds it: tuples as lists, every dict's keys sorted (so the file written from it is
+    sorted as vLLM's, and equal factors compare equal however they were built)."""
+    return json.loads(json.dumps(factors, sort_keys=True))
 
 
 def aot_cache_key(module: torch.nn.Module, cc: CompilationConfig,
                   factors_of_model: dict | None = None) -> tuple[str, dict]:
-    """Known before Dynamo runs: everything but the traced files, which the load checks itself."""
-    factors = {**compile_factors(cc), **(factors_of_model or model_factors(module))}
-    return sha(json.dumps(factors, sort_keys=True)), factors
+    """Known before Dynamo runs: env, config and compiler, without the device and the traced files
+    (the load checks those itself)."""
+    model = factors_of_model if factors_of_model is not None else model_factors(module)
+    factors = _canonical({"env": envs.compile_factors(), "config": config_factors(cc, model),
+                          "compiler": compiler_factors(cc)})
+    return hash_factors(factors)[:10], factors
 
 
 def backend_cache_key(cc: CompilationConfig, device: str,
                       factors_of_model: dict | None = None) -> tuple[str, dict]:
-    """After tracing: the AOT key's factors, the device type the graph runs on (vLLM hashes its
-    DeviceConfig), and every traced file."""
-    factors = {**compile_factors(cc), **(factors_of_model or {}), "device": device,
-               "traced_files": {p: file_hash(p) for p in sorted(cc.traced_files)}}
-    return sha(json.dumps(factors, sort_keys=True)), factors
+    """After tracing (vLLM's VllmBackend.__call__): the folder's key, and what
+    cache_key_factors.json holds: env, config (with the device type the graph runs on), code
+    (every traced file), compiler, and the hashes of config, code and compiler."""
+    factors = _canonical({
+        "env": envs.compile_factors(),
+        "config": config_factors(cc, factors_of_model, device),
+        "code": {"files": get_code_factors(read_code_files(cc.traced_files))},
+        "compiler": compiler_factors(cc),
+    })
+    key = hash_factors(factors)[:10]
+    hashes = {name: hash_factors(factors[name.removesuffix("_hash")]) for name in HASHES}
+    return key, dict(sorted({**factors, **hashes}.items()))

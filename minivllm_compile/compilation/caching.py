@@ -37,7 +37,7 @@ import hashlib
 import logging
 import pickle
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx as fx
@@ -106,12 +106,14 @@ def _warn_aot_needs_standalone() -> None:
 # --- the backend's serializable result ----------------------------------------------------------
 
 class VllmSerializableFunction(SerializableCallable):
-    """What VllmBackend returns: it runs the stitching graph, and it can be saved with the AOT
-    artifact. What is saved depends on VLLM_USE_MEGA_AOT_ARTIFACT, as in vLLM:
+    """What VllmBackend returns: it runs the stitching function (codegen.py: the stitching graph
+    written as plain Python, `optimized_call`), and it can be saved with the AOT artifact. What is
+    saved depends on VLLM_USE_MEGA_AOT_ARTIFACT, as in vLLM:
 
-    mega      the stitching graph (pieces and splitting ops as FX code) and, per compiled piece and
-              entry, its artifact's bytes: the AOT file holds everything, and a load rebuilds the
-              pieces from it without running the backend (vLLM's
+    mega      the stitching function's source and constants, the stitching graph (pieces and
+              splitting ops as FX code, vLLM's fallback) and, per compiled piece and entry, its
+              artifact's bytes: the AOT file holds everything, and a load rebuilds the pieces from
+              it and exec's the saved source, without running the backend (vLLM's
               reconstruct_serializable_fn_from_mega_artifact)
     not mega  the Dynamo graph, as traced: a load runs VllmBackend on it again (split, interpret,
               every piece and entry through CompilerManager.compile), and the CompilerManager finds
@@ -120,12 +122,13 @@ class VllmSerializableFunction(SerializableCallable):
 
     def __init__(self, record: StitchingRecord, compilation_config: CompilationConfig,
                  pieces: list[dict], cache_dir: str | None, save_format: str,
-                 example_inputs: Sequence = ()):
+                 example_inputs: Sequence = (),
+                 execution: tuple[str, list[str], list[Any]] | bool = True):
         # the stitching graph and its pieces, as the backend (or the mega load) built them
         self.record = record
         self.split_gm = record.split_gm
         # as vLLM's: the ShapeEnv of the trace (its symbols, their ranges and guards), from the
-        # first SymInt input; None for a mega load, which rebuilds the pieces without tracing
+        # first SymInt input (a mega load's: the one its saved inputs were unpickled into)
         sym_input = next((i for i in example_inputs if isinstance(i, torch.SymInt)), None)
         self.shape_env = sym_input.node.shape_env if sym_input is not None else None
         self.compilation_config = compilation_config
@@ -142,6 +145,19 @@ class VllmSerializableFunction(SerializableCallable):
             from minivllm_compile.compilation.nvtx import add_stitching_ranges
 
             add_stitching_ranges(record)
+        # the stitching function, bound to the pieces as installed (ranges included): written
+        # from the stitching graph (True), or the (code, submod_names, consts) a load saved; False,
+        # an artifact without one: the stitching graph runs as a GraphModule (vLLM's fallback)
+        if execution is False:
+            record.execution_fn = record.split_gm
+        else:
+            record.stitch(None if execution is True else execution)
+
+    @property
+    def optimized_call(self) -> Callable[..., Any] | None:
+        """What a call runs (vLLM's name): the record's stitching function, the one place it is
+        kept (a benchmark may wrap it there to see its arguments)."""
+        return self.record.execution_fn if self.record is not None else None
 
     @property
     def co_name(self) -> str:
@@ -154,7 +170,7 @@ class VllmSerializableFunction(SerializableCallable):
             raise RuntimeError("a VllmSerializableFunction loaded without the mega artifact runs "
                                "its backend first: call finalize_loading "
                                "(aot._try_load_aot_compiled_fn does)")
-        return self.split_gm(*args)
+        return self.optimized_call(*args)
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: "VllmSerializableFunction") -> bytes:
@@ -168,8 +184,14 @@ class VllmSerializableFunction(SerializableCallable):
                  "built_for": getattr(fn, "built_for", None)}
         if mega:
             pieces, store = _piece_bytes(fn)
-            state.update(graph=_pickle_graph(fn.split_gm, keep_inputs=False),
-                         config=pickle.dumps(fn.compilation_config), pieces=pieces, artifacts=store)
+            record = fn.record
+            # the inputs' fake values too: a load rebuilds its shape environment from them, as
+            # vLLM's keeps example_inputs for the same reason
+            state.update(graph=_pickle_graph(fn.split_gm, keep_inputs=True),
+                         config=pickle.dumps(fn.compilation_config), pieces=pieces, artifacts=store,
+                         # vLLM's: the source a load exec's again (the graph is its fallback)
+                         execution_code=record.execution_code, submod_names=record.submod_names,
+                         consts=pickle.dumps(record.consts))
         else:
             if fn.vllm_backend is None or not fn.vllm_backend.graphs:
                 raise RuntimeError("without VLLM_USE_MEGA_AOT_ARTIFACT the Dynamo graph is saved, "
@@ -205,7 +227,16 @@ class VllmSerializableFunction(SerializableCallable):
         cc = _loading_config or pickle.loads(state["config"])
         with cpu_isa.remembered_probe():  # else Inductor's ISA probe is most of the load's time
             record = _load_pieces(gm, cc, state["pieces"], state["artifacts"])
-        fn = cls(record, cc, state["pieces"], None, state["save_format"])
+        execution = False
+        if state.get("execution_code") is not None:
+            execution = (state["execution_code"], state["submod_names"],
+                         pickle.loads(state["consts"]))
+        else:
+            logger.warning("the AOT artifact holds no stitching function: running its stitching "
+                           "graph as a GraphModule")
+        inputs = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+        fn = cls(record, cc, state["pieces"], None, state["save_format"], example_inputs=inputs,
+                 execution=execution)
         fn.built_for = state["built_for"]
         return fn
 

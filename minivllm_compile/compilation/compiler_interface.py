@@ -3,10 +3,13 @@
 InductorStandaloneAdaptor uses torch._inductor.standalone_compile: a size entry specialises on its
 concrete example inputs ("from_example_inputs": a static kernel), a range entry keeps the graph's
 symbols ("from_graph": a kernel taking num_tokens as a runtime argument). What it keeps depends on
-the AOT switches, as in vLLM 0.33:
+the AOT switches, as in vLLM 0.34 (InductorStandaloneAdaptor.compile and initialize_cache):
 
     AOT on, mega artifact     compiled with aot=True: the artifact's bytes go into the AOT file
-                              (caching.py); nothing is saved here, no handle
+                              (caching.py); nothing is saved here, no handle. (Inductor's own
+                              cache stays where it was, where vLLM's decorators.py points it into
+                              torch_aot_compile/<hash>/inductor_cache: a row of the differences
+                              table in notebooks/README.md)
     AOT on, no mega artifact  each artifact saved as
                               <cache dir>/artifact_compile_range_<s>_<e>_subgraph_<i>; its handle
                               goes into the CompilerManager's index, and `load` reads it back
@@ -19,6 +22,12 @@ through compile_fx; outside Dynamo there is no ShapeEnv to check the FX graph ca
 against, so it answers them with AlwaysHitShapeEnv, as vLLM does; what it compiles lives in
 Inductor's own FX graph cache, which initialize_cache moves into the compile cache's directory.
 EagerAdaptor runs the graph.
+
+Each adaptor says what of its own goes into the compile cache's key (`compile_factors(config)`, the
+key's `compiler`, vLLM 0.34's): the Inductor adaptors `{"inductor": get_inductor_factors()}`, the
+eager one nothing. A subclass that still defines the older `compute_hash` is refused when the class
+is created, as vLLM's `CompilerInterface.__init_subclass__` refuses it: nothing would call it, and
+its factors would silently be left out of the key.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import torch.fx as fx
 from minivllm_compile.compilation import cpu_isa
 from minivllm_compile.compilation.cache_files import locked, portable_path
 from minivllm_compile.compilation.counter import compilation_counter
-from minivllm_compile.config import Range
+from minivllm_compile.config import CompilationConfig, CompileFactors, Range, normalize_value
 
 logger = logging.getLogger("minivllm_compile")
 
@@ -68,19 +77,30 @@ def capture_output_code(sink: list[str]):
         yield
 
 
+# the Triton cache folder the last call below chose itself: a later model's own default, where any
+# other TRITON_CACHE_DIR is the caller's and stays (vLLM's _last_inductor_triton_cache_dir)
+_last_inductor_triton_cache_dir: str | None = None
+
+
 def initialize_inductor_cache(base_cache_dir: str) -> None:
     """Point Inductor's FX graph / AOTAutograd cache and Triton's kernel cache (both under /tmp by
     default) into the rank's cache directory, beside the prefix folders and shared by them: copying
-    the compile cache to another machine then carries the kernels. Process-wide, as in vLLM: these
-    are environment variables Inductor and Triton read on every lookup."""
+    the compile cache to another machine then carries the kernels. A TRITON_CACHE_DIR the caller
+    set is kept, as vLLM 0.34 keeps it. Process-wide, as in vLLM: these are environment variables
+    Inductor and Triton read on every lookup."""
+    global _last_inductor_triton_cache_dir
     if any(c.isspace() for c in base_cache_dir):
         _warn_cache_dir_with_space(base_cache_dir)
         return
-    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor_cache"),
-                     ("TRITON_CACHE_DIR", "triton_cache")):
-        path = os.path.join(base_cache_dir, sub)
-        os.makedirs(path, exist_ok=True)
-        os.environ[var] = path
+    inductor_cache = os.path.join(base_cache_dir, "inductor_cache")
+    os.makedirs(inductor_cache, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache
+    triton_cache = os.environ.get("TRITON_CACHE_DIR")
+    if triton_cache is None or triton_cache == _last_inductor_triton_cache_dir:
+        triton_cache = _last_inductor_triton_cache_dir = os.path.join(base_cache_dir,
+                                                                      "triton_cache")
+    os.makedirs(triton_cache, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = triton_cache
 
 
 @functools.cache  # once per folder and process
@@ -101,9 +121,60 @@ def _base_cache_dir(cache_dir: str, prefix: str) -> str:
     return cache_dir[: -len(prefix)] if prefix and cache_dir.endswith(prefix) else cache_dir
 
 
+# the functorch settings torch's own aot_compile patches around the backend it calls
+# (torch/_dynamo/aot_compile.py): they read one way when the key is computed inside it (the backend
+# key of an AOT compile) and another outside it (the AOT key; a non-mega load's backend run), and
+# govern AOTAutograd's cache, not the code. vLLM pins bundled_autograd_cache instead
+# (_get_vllm_functorch_config); here the five are left out.
+_AOT_COMPILE_FUNCTORCH_PATCHES = frozenset({
+    "strict_autograd_cache", "bypass_autograd_cache_key", "bundled_autograd_cache",
+    "force_non_lazy_backward_lowering", "force_autograd_cache"})
+
+
+def get_inductor_factors() -> CompileFactors:
+    """What of Inductor's own state changes the code it generates (vLLM's get_inductor_factors),
+    each by name where vLLM lists them in order: `torch_key`, the hash of torch's source
+    (torch._inductor.codecache.torch_key; `torch_version` beside it, the release to read),
+    `inductor_config` and `functorch_config`, every portable setting of this process
+    (torch._inductor.config and torch._functorch.config: the settings themselves, so that two keys
+    diff setting by setting; not the functorch settings torch's aot_compile patches while it
+    runs, _AOT_COMPILE_FUNCTORCH_PATCHES), and `system` (CacheBase.get_system(): the GPU and the
+    CUDA and Triton versions) where torch sees a GPU. On a CPU, get_system() names no device and
+    returns a constant, after hashing Triton's source for about half a second, a fifth of a warm
+    start here: it is left out there."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor.codecache import CacheBase, torch_key
+
+    def portable(config: Any) -> dict[str, Any]:
+        if hasattr(config, "save_config_portable"):
+            return config.save_config_portable()
+        return {k: v for k, v in config.get_config_copy().items() if not callable(v)}
+
+    functorch = {k: v for k, v in portable(functorch_config).items()
+                 if k not in _AOT_COMPILE_FUNCTORCH_PATCHES}
+    factors: dict[str, Any] = {"torch_version": torch.__version__, "torch_key": torch_key(),
+                               "inductor_config": portable(inductor_config),
+                               "functorch_config": functorch}
+    if torch.cuda.is_available():
+        factors["system"] = CacheBase.get_system()
+    return normalize_value(factors)
+
+
 class CompilerInterface:
     name = "base"
     cache_dir: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "compute_hash" in cls.__dict__:  # vLLM's check and message
+            raise TypeError(f"{cls.__qualname__} defines `compute_hash`, which is no longer "
+                            "called. Implement `compile_factors` instead.")
+
+    def compile_factors(self, config: CompilationConfig) -> CompileFactors:
+        """What of this compiler's own goes into the compile cache's key (the key's `compiler`;
+        cache_keys.py has the rest). None here."""
+        return {}
 
     def initialize_cache(self, cache_dir: str, disable_cache: bool = False,
                          prefix: str = "") -> None:
@@ -138,6 +209,9 @@ class InductorStandaloneAdaptor(CompilerInterface):
         self.save_format = save_format
         self.use_aot_compile = use_aot_compile
         self.disable_cache = True
+
+    def compile_factors(self, config: CompilationConfig) -> CompileFactors:
+        return {"inductor": get_inductor_factors()}
 
     def initialize_cache(self, cache_dir: str, disable_cache: bool = False,
                          prefix: str = "") -> None:
@@ -230,6 +304,9 @@ class AlwaysHitShapeEnv:
 
 class InductorAdaptor(CompilerInterface):
     name = "inductor"
+
+    def compile_factors(self, config: CompilationConfig) -> CompileFactors:
+        return {"inductor": get_inductor_factors()}
 
     def initialize_cache(self, cache_dir: str, disable_cache: bool = False,
                          prefix: str = "") -> None:

@@ -1,5 +1,6 @@
 """CUDA graphs: CUDAGraphWrapper, the per-step dispatcher, and the CPU stand-in (vLLM's
-compilation/cuda_graph.py and v1/cudagraph_dispatcher.py).
+compilation/cuda_graph.py, and vLLM 0.33's v1/cudagraph_dispatcher.py: 0.34's model runner V2
+dispatches in CudaGraphManager, v1/worker/gpu/cudagraph_utils.py).
 
 A graph is recorded for one batch shape and replays the same kernels on the same addresses: its
 inputs must sit in the buffers it was recorded on, and its outputs are always the same tensors,

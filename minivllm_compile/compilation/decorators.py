@@ -292,7 +292,7 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
         if tp_size > 1:
             check_same_on_all_ranks("compilation config", {
                 "model_class": f"{type(self).__module__}.{type(self).__qualname__}",
-                "compilation_config": {**config.hash_factors(), "mode": config.mode.name,
+                "compilation_config": {**config.compile_factors(), "mode": config.mode.name,
                                        "cudagraph_mode": str(config.cudagraph_mode)}})
         if "compilation_config" in inspect.signature(old_init).parameters:
             kwargs["compilation_config"] = config
@@ -304,8 +304,9 @@ def _support_torch_compile(cls: _T, dynamic_arg_dims: dict, mark_unbacked_dims: 
             or getattr(type(self), IGNORE_COMPILE_KEY, False)
             or (enable_if is not None and not enable_if(config)))
         # eager with layerwise tracing (and no CUDA graphs): the model is called as a module, so
-        # the forward hooks a profiler registers on it run (as vLLM's since 0.33); otherwise a
-        # decorated model's calls go straight to forward
+        # the forward hooks a profiler registers on it run (as vLLM's test
+        # test_eager_layerwise_nvtx_invokes_module_hooks expects; the 0.34 wheel's __call__ still
+        # calls forward directly); otherwise a decorated model's calls go straight to forward
         self._call_module_hooks = (config.mode == CompilationMode.NONE
                                    and config.enable_layerwise_nvtx_tracing
                                    and config.cudagraph_mode == CUDAGraphMode.NONE)

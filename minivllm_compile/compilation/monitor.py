@@ -1,5 +1,5 @@
 """Compile-time monitoring (vLLM's compilation/monitor.py): how long Dynamo and the whole compile
-took, and the switch that allows CUDA-graph capture.
+took, and the switch that allows CUDA-graph capture (vLLM 0.33's: 0.34 has none, see below).
 
 vLLM logs "Dynamo bytecode transform time: %.2f s" from the start of the first compiled call to the
 moment Dynamo hands the graph to the backend (seed §14): the trace alone, before any Inductor work.
@@ -87,16 +87,16 @@ def depyf_debug(compilation_config: CompilationConfig) -> Iterator[None]:
     if not path or compilation_config.mode != CompilationMode.VLLM_COMPILE:
         yield
         return
-    try:
-        import depyf
-    except ImportError:
+    from minivllm_compile.compilation import depyf_compat  # depyf's one way in, as in vLLM
+
+    if not depyf_compat.available():
         logger.info("debug_dump_path: depyf is not installed (pip install depyf), so the dump "
                     "holds the disassembled transformed code and the split graph only")
         yield
         return
     Path(path).mkdir(parents=True, exist_ok=True)
     logger.debug("Dumping depyf output to %s", path)
-    cm = depyf.prepare_debug(str(path))
+    cm = depyf_compat.prepare_debug(str(path))
     cm.__enter__()
     try:
         yield
@@ -107,11 +107,13 @@ def depyf_debug(compilation_config: CompilationConfig) -> Iterator[None]:
             logger.warning("Exception during depyf cleanup.", exc_info=True)
 
 
-# vLLM's switch for CUDA-graph capture (compilation/monitor.py): the model runner turns it on around
-# its capture at start-up and off after; a wrapper asked to capture while it is off refuses, since a
-# capture while serving is a request waiting for it (and, on CUDA, a stall). vLLM starts with it on
-# and turns it off after the first capture; here it starts off, so a capture before
-# LM.capture_model is refused too.
+# vLLM 0.33's switch for CUDA-graph capture (its compilation/monitor.py): the model runner turned it
+# on around its capture at start-up and off after; a wrapper asked to capture while it is off
+# refuses, since a capture while serving is a request waiting for it (and, on CUDA, a stall). 0.33
+# started with it on and turned it off after the first capture; here it starts off, so a capture
+# before LM.capture_model is refused too. vLLM 0.34 has neither function: its model runner V2
+# captures every graph in CudaGraphManager.capture() at start-up and dispatches only to captured
+# ones (v1/worker/gpu/cudagraph_utils.py).
 cudagraph_capturing_enabled: bool = False
 
 

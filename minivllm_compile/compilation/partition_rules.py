@@ -1,6 +1,6 @@
 """Which FX nodes split the graph (vLLM's compilation/partition_rules.py; seed §15).
 
-A node splits when one of the names its target answers to is in `splitting_ops`. As in vLLM 0.33,
+A node splits when one of the names its target answers to is in `splitting_ops`. As in vLLM 0.34,
 which compares `target.name()`, and torch's `OpOverload.name()` is "ns::op" for the `.default`
 overload but "ns::op.overload" for any other:
 

@@ -167,9 +167,9 @@ class PiecewiseBackend:
 @dataclass
 class StitchingRecord:
     """What the backend built, in one place: the stitching graph, each compiled piece's
-    PiecewiseBackend, and what the stitching graph calls in each submodule's place. The views
-    (viz/, the notebooks) and the artifact writer (caching.py) read this, never split_gm's
-    attributes through wrappers.
+    PiecewiseBackend, what the stitching graph calls in each submodule's place, and the stitching
+    function written from it. The views (viz/, the notebooks) and the artifact writer
+    (caching.py) read this, never split_gm's attributes through wrappers.
 
     split_gm    the stitching graph (vLLM's split_gm): it calls the compiled pieces and, between
                 them, the splitting ops (attention, conv), which run eagerly
@@ -180,6 +180,11 @@ class StitchingRecord:
                 (cuda_graph.py) when the mode has piecewise graphs, under a profiler range
                 (nvtx.RangeWrapper) with layerwise tracing on; a splitting submodule appears only
                 when wrapped in a range
+    execution_code, submod_names, consts
+                the stitching function's source, the submodules its `__vllm_submods__` list
+                names, and its constants (codegen.generate_execution_code); set by `stitch`
+    execution_fn
+                that function, `exec`'d and bound to `runnables`: what runs at every call
 
     Filled through `install` by the PiecewiseCompileInterpreter (a compile), by the mega
     artifact's load (caching._load_pieces) and by nvtx.add_stitching_ranges. VllmBackend.record
@@ -189,6 +194,10 @@ class StitchingRecord:
     split_gm: fx.GraphModule
     backends: dict[str, PiecewiseBackend] = field(default_factory=dict)
     runnables: dict[str, Callable] = field(default_factory=dict)
+    execution_code: str | None = None
+    submod_names: list[str] = field(default_factory=list)
+    consts: list[Any] = field(default_factory=list)
+    execution_fn: Callable | None = None
 
     def install(self, submod_name: str, runnable: Callable,
                 backend: PiecewiseBackend | None = None) -> None:
@@ -203,3 +212,19 @@ class StitchingRecord:
         """What the stitching graph calls for this submodule: the installed callable, else the
         submodule itself (a splitting op's piece)."""
         return self.runnables.get(submod_name) or getattr(self.split_gm, submod_name)
+
+    def stitch(self, saved: tuple[str, list[str], list[Any]] | None = None) -> Callable:
+        """The stitching function, bound to what is installed now: written from split_gm, or the
+        one saved with an AOT artifact, `(code, submod_names, consts)`, exec'd again as saved (a
+        load never writes it anew). Install the wrappers first: the list it binds is read here."""
+        from minivllm_compile.compilation.codegen import (
+            compile_execution_fn,
+            generate_execution_code,
+        )
+
+        code, names, consts = saved if saved is not None else generate_execution_code(
+            self.split_gm)
+        self.execution_code, self.submod_names, self.consts = code, list(names), list(consts)
+        callables = {name: self.called_for(name) for name, _ in self.split_gm.named_children()}
+        self.execution_fn = compile_execution_fn(code, callables, self.submod_names, self.consts)
+        return self.execution_fn

@@ -38,7 +38,6 @@ from minivllm_compile.config import (
     CompilationConfig,
     CompilationMode,
     CUDAGraphMode,
-    DynamicShapesType,
 )
 from minivllm_compile.config.kernel import ir_dispatch_scope
 
@@ -144,6 +143,8 @@ class TorchCompileWithNoGuardsWrapper:
         mode, ds = cc.mode, cc.dynamic_shapes_config
         stock = mode == CompilationMode.STOCK_TORCH_COMPILE
         hook = envs.VLLM_USE_BYTECODE_HOOK and not stock
+        if mode is None:  # vLLM's words (wrapper.py)
+            raise RuntimeError("Compilation mode cannot be NO_COMPILATION")
         if mode == CompilationMode.NONE:
             raise RuntimeError("CompilationMode.NONE compiles nothing: "
                                "TorchCompileWithNoGuardsWrapper needs STOCK_TORCH_COMPILE, "
@@ -153,10 +154,10 @@ class TorchCompileWithNoGuardsWrapper:
             raise ValueError("dynamic_shapes_config.evaluate_guards=True needs "
                              "VLLM_USE_BYTECODE_HOOK=0: the hook's remove_from_cache would wipe "
                              "the guards it should evaluate")
-        if ds.type == DynamicShapesType.UNBACKED and hook:
-            raise ValueError("DynamicShapesType.UNBACKED needs VLLM_USE_BYTECODE_HOOK=0: "
-                             "the hook's remove_from_cache forces a fresh trace that "
-                             "loses the unbacked symbols")
+        # UNBACKED with the hook on runs, as in vLLM 0.34 (its wrapper.py keeps only a comment,
+        # "unbacked dynamic shapes require VLLM_USE_BYTECODE_HOOK=False", with no check): seed §3
+        # asks for the hook off, but each instance traces its own forward once here (own_forward),
+        # its symbol stays unbacked, and the result is eager's (notebook 03 §7)
         self.first_compile = True
         self.guard_table: list[GuardRow] = []
         # what this instance compiles: forward, with a code object of its own (see own_forward)

@@ -7,14 +7,21 @@ import difflib
 import enum
 import functools
 import hashlib
-import json
+import inspect
 import logging
+import marshal
 import os
+import types
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterator
 
-from minivllm_compile.config.utils import Range
+from minivllm_compile.config.utils import (
+    CompileFactors,
+    Range,
+    get_compile_factors,
+    normalize_value,
+)
 
 DEFAULT_SPLITTING_OPS = ["minivllm::unified_attention_with_output", "minivllm::short_conv"]
 # the layers that can run as a custom op or as plain torch (vLLM's CustomOp:
@@ -125,6 +132,10 @@ class DynamicShapesConfig:
                              "unbacked symbols add no shape guards to evaluate; use BACKED "
                              "to look for specialisations")
 
+    def compile_factors(self) -> CompileFactors:
+        """Every field: each changes how Dynamo traces the sizes (vLLM's)."""
+        return get_compile_factors(self, set())
+
 
 @functools.cache
 def _warn_torch_compile_disable(mode: str) -> None:
@@ -175,6 +186,11 @@ class PassConfig:
             if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
                 raise ValueError(f"PassConfig.{name} must be a positive int or None, "
                                  f"got {n!r}")
+
+    def compile_factors(self) -> CompileFactors:
+        """Every field: each turns a pass on or off, or moves its range gate (vLLM's). A new
+        field that changes nothing compiled goes into ignored_factors here."""
+        return get_compile_factors(self, set())
 
     def range_endpoints(self) -> list[int]:
         """The compile-range endpoints the enabled range-gated passes need (vLLM adds them in
@@ -231,14 +247,6 @@ class CompilationConfig:
     # vLLM's: call IR ops through their torch op (one node for the lowering pass to replace). None:
     # on exactly when VLLM_COMPILE compiles with Inductor, the one path that lowers
     ir_enable_torch_wrap: bool | None = None
-
-    # fields that change what is compiled; the others (paths, what was traced, the CUDA-graph
-    # settings, which wrap the compiled pieces without changing them) do not
-    HASH_EXCLUDED = ("cache_dir", "debug_dump_path", "traced_files", "cudagraph_mode",
-                     "cudagraph_capture_sizes", "max_cudagraph_capture_size",
-                     "cudagraph_copy_inputs",
-                     # acts through mode, which is hashed
-                     "enforce_eager")
 
     def __post_init__(self):
         try:
@@ -408,6 +416,14 @@ class CompilationConfig:
         if not isinstance(mode, CUDAGraphMode):
             raise ValueError(f"CompilationConfig.cudagraph_mode={self.cudagraph_mode!r} is not one "
                              f"of {list(CUDAGraphMode.__members__)}")
+        if self.mode == CompilationMode.STOCK_TORCH_COMPILE and mode != CUDAGraphMode.NONE:
+            # vLLM 0.34's VllmConfig._disable_cudagraphs_for_stock_torch_compile: the CUDA graph
+            # manager would otherwise capture around the stock-compiled model; the sizes are
+            # emptied by the NONE branch below, as vLLM empties them
+            logging.getLogger("minivllm_compile").info(
+                "CUDA graphs are not supported with stock torch.compile. Overriding "
+                "cudagraph_mode %s to NONE.", mode.name)
+            mode = CUDAGraphMode.NONE
         self.cudagraph_mode = mode
         _require_bool("CompilationConfig", "cudagraph_copy_inputs", self.cudagraph_copy_inputs)
         n = self.max_num_batched_tokens
@@ -559,30 +575,61 @@ class CompilationConfig:
         config = dict(self.inductor_compile_config)
         return config, config.pop("guard_filter_fn", None)
 
-    def hash_factors(self) -> dict[str, Any]:
-        factors = {}
-        for f in fields(self):
-            if f.name in self.HASH_EXCLUDED:
-                continue
-            value = getattr(self, f.name)
-            if f.name in ("dynamic_shapes_config", "pass_config"):
-                value = asdict(value)
-            elif f.name == "kernel_config":  # the priority and the source of each provider it names
-                value = value.compute_hash()
-            elif f.name == "inductor_compile_config":
-                # guard_filter_fn changes no compiled code, and a user's post-grad pass is keyed
-                # by its uuid in the cache key's "passes" factor (vLLM hashes that uuid here): a
-                # function's repr carries its address, new in every process, so the key would
-                # never match again
-                value = {k: v for k, v in self.inductor_config_and_guard_filter()[0].items()
-                         if k != "post_grad_custom_post_pass"}
-            factors[f.name] = value
+    def compile_factors(self) -> CompileFactors:
+        """The fields that change what is compiled (vLLM's CompilationConfig.compile_factors),
+        the nested configs by their own factors (dynamic_shapes_config, pass_config, and
+        kernel_config, which vLLM keeps beside this config in VllmConfig). The CUDA-graph fields
+        are hashed, as vLLM hashes them: an artifact compiled under one cudagraph_mode is not
+        served to another.
+
+        WARNING: a new field is hashed unless it is named in `ignored_factors` here, with why.
+        """
+        ignored_factors = {
+            # where things go and what the trace read (the key's `code` hashes the traced files'
+            # contents): vLLM leaves the same three out
+            "cache_dir", "debug_dump_path", "traced_files",
+            # acts through mode and cudagraph_mode, which are hashed (vLLM keeps it on ModelConfig,
+            # whose factors leave it out)
+            "enforce_eager",
+            # hashed below, without what is no Inductor setting
+            "inductor_compile_config",
+        }
+        factors = get_compile_factors(self, ignored_factors)
+        factors["inductor_compile_config"] = self._inductor_compile_factors()
         return factors
 
-    def compute_hash(self) -> str:
-        # default=repr: a callable in inductor_compile_config still hashes (by its repr)
-        text = json.dumps(self.hash_factors(), sort_keys=True, default=repr)
-        return hashlib.sha256(text.encode()).hexdigest()[:10]
+    def _inductor_compile_factors(self) -> CompileFactors:
+        """inductor_compile_config, normalized. guard_filter_fn is left out: an option of
+        torch.compile riding in this dict, it changes no compiled code. A user's
+        post_grad_custom_post_pass is its uuid() (vLLM's normalize_value does the same with the
+        InductorPass vLLM requires there); a plain function (or another callable without a uuid),
+        which the backend wraps in CallableInductorPass (make_pass_manager), is the uuid that
+        wrapper will have: the hash of its source. A function's repr carries its address, new in
+        every process."""
+        config, _ = self.inductor_config_and_guard_filter()
+        user_pass = config.get("post_grad_custom_post_pass")
+        if callable(user_pass) and not callable(getattr(user_pass, "uuid", None)):
+            config["post_grad_custom_post_pass"] = callable_uuid(user_pass)
+        try:
+            return normalize_value(config)
+        except TypeError as e:
+            raise TypeError("get_compile_factors: unsupported type in 'inductor_compile_config' "
+                            f"of CompilationConfig: {e} (give a pass an uuid(): an InductorPass, "
+                            "or CallableInductorPass(fn))") from e
+
+
+def callable_uuid(fn: Any) -> str:
+    """CallableInductorPass(fn).uuid() (InductorPass.hash_source), computed here: config/ imports
+    nothing of compilation/. The SHA-256 of the source of the function (of the class, for another
+    callable), or of a function's bytecode where no source is kept."""
+    obj = fn if isinstance(fn, (types.FunctionType, type)) else type(fn)
+    try:
+        text = inspect.getsource(obj)
+    except (OSError, TypeError):  # defined where no source is kept (python -c)
+        if not isinstance(obj, types.FunctionType):
+            raise
+        text = repr(marshal.dumps(obj.__code__))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=1)

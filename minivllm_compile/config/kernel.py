@@ -1,4 +1,4 @@
-"""`KernelConfig` and the vLLM IR op priority (vLLM 0.33's config/kernel.py, and each platform's
+"""`KernelConfig` and the vLLM IR op priority (vLLM 0.34's config/kernel.py, and each platform's
 get_default_ir_op_priority in platforms/).
 
     priority = IrOpPriorityConfig(rms_norm=["vllm_c"])
@@ -10,21 +10,27 @@ appended to it (a user's list goes in front, as vLLM does):
     CPU                                         ["native"]            (vLLM's Platform default)
     CUDA, Inductor compiling                    ["native"]            (Inductor writes the kernel)
     CUDA, mode NONE or backend "eager"          ["vllm_c", "native"]  (nothing would fuse the norm)
+    CUDA, gelu_and_mul_sparse                   ["triton", "native"]  (vLLM's Triton kernel)
 
-The priority, and the source of every implementation it names, are compile-cache factors: a change
-to either changes what the lowering produces.
+(vLLM's ROCm and XPU platforms choose the norms' defaults as its CUDA one does, ROCm with `aiter`
+first when AITER's RMSNorm is on under CUDA graphs, and leave gelu_and_mul_sparse on native; this
+project runs on a CPU or CUDA.)
+
+The priority, and the source of every implementation it names, are compile-cache factors
+(`IrOpPriorityConfig.compile_factors`, under the key's `config.compilation.kernel_config`): a
+change to either changes what the lowering produces.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
+
+from minivllm_compile.config.utils import CompileFactors, get_compile_factors
 
 if TYPE_CHECKING:
     from minivllm_compile.config.compilation import CompilationConfig
@@ -45,6 +51,7 @@ class IrOpPriorityConfig:
 
     rms_norm: list[str] = field(default_factory=list)
     fused_add_rms_norm: list[str] = field(default_factory=list)
+    gelu_and_mul_sparse: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -60,8 +67,20 @@ class IrOpPriorityConfig:
 
     @classmethod
     def with_default(cls, default: list[str], /, **kwargs: list[str]) -> IrOpPriorityConfig:
-        """Every op not named in kwargs gets `default`."""
-        return cls(**{f.name: list(kwargs.get(f.name, default)) for f in fields(cls)})
+        """Every op not named in kwargs gets `default`, less the providers another op has and
+        this one lacks (native when nothing is left): `["vllm_c", "native"]`, the norms' custom
+        ops, leaves gelu_and_mul_sparse, which has no vllm_c, on native. A name no op has stays,
+        so a typo is still refused. (vLLM copies `default` as it is, and names
+        gelu_and_mul_sparse's list apart where it defaults the others to vllm_c.)"""
+        ops = _ir_ops()
+
+        def for_op(name: str) -> list[str]:
+            kept = [p for p in default if p in ops[name].impls
+                    or not any(p in op.impls for op in ops.values())]
+            return kept or ["native"]
+
+        return cls(**{f.name: list(kwargs[f.name]) if f.name in kwargs else for_op(f.name)
+                      for f in fields(cls)})
 
     def items(self) -> Iterator[tuple[str, list[str]]]:
         for f in fields(self):
@@ -74,17 +93,18 @@ class IrOpPriorityConfig:
         for name, priority in self.items():
             ops[name]._filter_priority_impls(priority)
 
-    def compute_hash(self) -> str:
-        """The lists, and the uuid of every implementation they name: the lowering's output
-        depends on both, and Dynamo never traces a lowered implementation, so no traced file
-        would notice an edit to one (vLLM adds the uuids for the same reason)."""
+    def compile_factors(self) -> CompileFactors:
+        """The lists, and the uuid of every implementation they name (vLLM's): the lowering's
+        output depends on both, and Dynamo never traces a lowered implementation, so no traced
+        file would notice an edit to one."""
+        factors = get_compile_factors(self, set())
         ops = _ir_ops()
-        factors: dict[str, Any] = {name: priority for name, priority in self.items()}
+        assert "_impls" not in factors
         factors["_impls"] = {
             name: {p: ops[name].impls[p].uuid() for p in priority}
             for name, priority in self.items()
         }
-        return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()[:16]
+        return factors
 
     def set_default(self) -> None:
         """Set every op's priority for the process (vLLM's worker does this at start-up)."""
@@ -124,8 +144,10 @@ class KernelConfig:
                 f"of op name -> providers), got {self.ir_op_priority!r}"
             )
 
-    def compute_hash(self) -> str:
-        return self.ir_op_priority.compute_hash()
+    def compile_factors(self) -> CompileFactors:
+        """Every field (vLLM's KernelConfig leaves out its warm-up and autotuning switches, which
+        this one does not have); ir_op_priority by its own factors."""
+        return get_compile_factors(self, set())
 
     def set_platform_defaults(self, cc: CompilationConfig) -> None:
         """Append the platform's defaults to each list (idempotent: a config built twice keeps
@@ -147,7 +169,9 @@ def get_default_ir_op_priority(cc: CompilationConfig) -> IrOpPriorityConfig:
         return IrOpPriorityConfig.with_default(["native"])
     # the mode by its name: config/compilation.py imports this module, never the other way round
     using_inductor = cc.backend == "inductor" and cc.mode.name != "NONE"
-    return IrOpPriorityConfig.with_default(["native"] if using_inductor else ["vllm_c", "native"])
+    # gelu_and_mul_sparse has vLLM's Triton kernel on CUDA whatever compiles (platforms/cuda.py)
+    return IrOpPriorityConfig.with_default(["native"] if using_inductor else ["vllm_c", "native"],
+                                           gelu_and_mul_sparse=["triton", "native"])
 
 
 class ir_dispatch_scope:  # a context manager, named as the function it was

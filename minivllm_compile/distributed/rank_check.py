@@ -4,16 +4,19 @@ Ranks of one TP group that were given different configs or checkpoints do not fa
 themselves: they build graphs with different collectives (one waits in an all-reduce the other
 never makes, until the timeout) or, worse, all-reduce partial sums of different weights and return
 wrong text. vLLM's executor hands every worker the engine's one VllmConfig
-(`WorkerProc.make_worker_process(vllm_config=...)`), and nothing in 0.33 compares the ranks'; this
-project's ranks each build their own (`launch.run(fn)` runs the caller's code on every rank, and
+(`WorkerProc.make_worker_process(vllm_config=...)`), and 0.34 compares nothing between the ranks
+of one engine (its data-parallel handshake compares only the engines of a MoE model, by their
+ParallelConfig's hash: "Configuration mismatch detected", v1/engine/utils.py); this project's
+ranks each build their own (`launch.run(fn)` runs the caller's code on every rank, and
 torchrun starts ranks with their own environments), so they compare what they were given, three
 times, each before anything that would go wrong:
 
-- a decorated model's construction: its class and its CompilationConfig (the hash factors, which
-  name every setting that changes the compiled code, and the CUDA-graph mode);
+- a decorated model's construction: its class and its CompilationConfig (its compile_factors(),
+  which name every setting that changes the compiled code, and the CUDA-graph mode);
 - loading a checkpoint's shards: its config.json fields and every tensor's digest;
 - the first call of a compiled model, before it loads or compiles: the compile cache key's
-  factors (the environment switches, torch, Inductor's config, the passes, the inputs).
+  factors (cache_keys.aot_cache_key's: the environment switches, the config with the model and
+  its first inputs, the compiler's: torch's and Inductor's settings).
 
 Each check gathers a dict of factors from every rank of the TP group (over its gloo group, so
 bounded by the group's timeout) and raises RankMismatchError on every rank alike, naming the first

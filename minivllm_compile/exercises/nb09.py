@@ -35,50 +35,50 @@ def user_pass_edited(graph: torch.fx.Graph) -> None:
 CHANGES: dict[str, str] = {
     "compile_sizes=[4, 8]":
         "a CompilationConfig field that changes what is compiled: "
-        "CompilationConfig.compute_hash covers it",
+        "CompilationConfig.compile_factors() holds it, under config.compilation",
     "cudagraph_mode='PIECEWISE'":
-        "the CUDA-graph fields are in CompilationConfig.HASH_EXCLUDED: they wrap the "
-        "compiled pieces at load or compile time without changing them, so one artifact "
-        "serves every cudagraph_mode",
+        "vLLM 0.34 hashes the CUDA-graph fields (they are not among CompilationConfig's "
+        "ignored_factors): an artifact compiled under one cudagraph_mode is not served to "
+        "another, and the mode brings its capture sizes along",
     "rms_norm_eps 1e-05 -> 1e-06 in config.json":
         "the eps is a plain float an RMSNorm holds; Dynamo bakes it into the graph as a "
-        "constant, so the key hashes every plain value of the module tree "
-        "(cache_keys.model_constants) as 'constants'",
+        "constant, so the key holds every plain value of the module tree "
+        "(cache_keys.model_constants) in config.model.constants",
     "other weights, same shapes (a fine-tuned checkpoint)":
         "weights are graph inputs: their names, shapes, dtypes and devices are in "
-        "'model', their values in no factor, so a fine-tuned checkpoint of the same "
-        "architecture loads the same kernels",
+        "config.model.parameters, their values in no factor, so a fine-tuned checkpoint of the "
+        "same architecture loads the same kernels",
     "a comment added to models/llama.py":
-        "every file Dynamo traced is hashed by content in 'traced_files', a comment too; that "
+        "every file Dynamo traced is hashed by content in code.files, a comment too; that "
         "factor is only in the backend key (the AOT key is computed before Dynamo runs, so the AOT "
         "load compares the traced sources itself, aot._verify_source_unchanged)",
     "the model built under set_model_tag('draft')":
-        "the tag names which compiled part of a model this is, and gets its own "
-        "folder <hash>/rank_0_0/<tag> (rank_{rank}_{dp_rank} is the process's rank: rank_0_0 in "
-        "one process)",
+        "the tag names which compiled part of a model this is (config.model.tag), and gets its "
+        "own folder <hash>/rank_0_0/<tag> (rank_{rank}_{dp_rank} is the process's rank: rank_0_0 "
+        "in one process)",
     "one line of the user's post-grad pass edited":
-        "a user pass is keyed by its uuid (the hash of its source) in 'passes'; the "
-        "config's hash leaves post_grad_custom_post_pass out (a function's repr carries "
-        "its address, new in every process)",
+        "a user pass is keyed by its uuid (the hash of its source) in "
+        "config.compilation.inductor_compile_config, where vLLM hashes it too (a function's repr "
+        "carries its address, new in every process)",
     "torch._inductor.config.max_autotune = True in this process":
         "Inductor's own settings in this process (not the config's inductor_compile_config) are "
-        "'inductor_config'",
+        "the compiler's factors: compiler.inductor.inductor_config",
     "the first call passes input_ids as int32":
-        "the first call's tensors' dtypes, devices, static sizes and contiguity are 'inputs': with "
-        "the guards dropped they are baked into the compiled code",
+        "the first call's tensors' dtypes, devices, static sizes and contiguity are "
+        "config.model.inputs: with the guards dropped they are baked into the compiled code",
 }
 
 # label -> what to look at when the factor named for it is wrong (a question, not the factor)
 QUESTIONS: dict[str, str] = {
-    "compile_sizes=[4, 8]": "Does it change what is compiled? Then find which factor hashes "
-                            "CompilationConfig's fields (CompilationConfig.compute_hash).",
-    "cudagraph_mode='PIECEWISE'": "Is every CompilationConfig field hashed? Read "
-                                  "CompilationConfig.HASH_EXCLUDED, and ask whether wrapping the "
-                                  "compiled pieces in CUDA graphs changes the pieces.",
+    "compile_sizes=[4, 8]": "Does it change what is compiled? Then find where the key holds "
+                            "CompilationConfig's fields (CompilationConfig.compile_factors).",
+    "cudagraph_mode='PIECEWISE'": "Is every CompilationConfig field hashed? Read the "
+                                  "ignored_factors of CompilationConfig.compile_factors: are the "
+                                  "CUDA-graph fields among them, in vLLM 0.34 and here?",
     "rms_norm_eps 1e-05 -> 1e-06 in config.json": "The eps is a plain float an RMSNorm holds: is "
                                                   "it a graph input (a tensor) or a value Dynamo "
-                                                  "bakes into the graph? Which factor hashes the "
-                                                  "module tree's plain values "
+                                                  "bakes into the graph? Which part of the key "
+                                                  "holds the module tree's plain values "
                                                   "(cache_keys.model_constants)?",
     "other weights, same shapes (a fine-tuned checkpoint)": "Weights are graph inputs: which of "
                                                             "their properties are hashed, and "
@@ -86,31 +86,55 @@ QUESTIONS: dict[str, str] = {
     "a comment added to models/llama.py": "Which factor hashes the files Dynamo traced, and by "
                                           "what: their text, or the code it compiles to?",
     "the model built under set_model_tag('draft')": "set_model_tag names which compiled part of a "
-                                                    "model this is: where does the tag go (§2's "
-                                                    "tree)?",
+                                                    "model this is: which part of the key "
+                                                    "describes the model (§2's tree)?",
     "one line of the user's post-grad pass edited": "How is a user's pass keyed: by its repr "
                                                     "(an address, new in every process) or by "
-                                                    "its uuid, the hash of its source? Which "
-                                                    "factor holds the passes' uuids?",
+                                                    "its uuid, the hash of its source? And where "
+                                                    "in the config is the pass given?",
     "torch._inductor.config.max_autotune = True in this process":
         "Inductor's own settings in this process are not the config's inductor_compile_config: "
-        "which factor hashes torch._inductor.config?",
+        "which top-level part of the key holds the compiler's own state?",
     "the first call passes input_ids as int32": "With the guards dropped, the first call's dtypes, "
                                                 "devices, static sizes and contiguity are baked "
                                                 "into the compiled code: which factor holds them?",
 }
 
 _KEY_SOLUTION = {
-    "compile_sizes=[4, 8]": "config",
-    "cudagraph_mode='PIECEWISE'": None,
-    "rms_norm_eps 1e-05 -> 1e-06 in config.json": "constants",
+    "compile_sizes=[4, 8]": "config.compilation.compile_sizes",
+    "cudagraph_mode='PIECEWISE'": "config.compilation.cudagraph_mode",
+    "rms_norm_eps 1e-05 -> 1e-06 in config.json": "config.model.constants",
     "other weights, same shapes (a fine-tuned checkpoint)": None,
-    "a comment added to models/llama.py": "traced_files",
-    "the model built under set_model_tag('draft')": "tag",
-    "one line of the user's post-grad pass edited": "passes",
-    "torch._inductor.config.max_autotune = True in this process": "inductor_config",
-    "the first call passes input_ids as int32": "inputs",
+    "a comment added to models/llama.py": "code.files",
+    "the model built under set_model_tag('draft')": "config.model.tag",
+    "one line of the user's post-grad pass edited": "config.compilation.inductor_compile_config",
+    "torch._inductor.config.max_autotune = True in this process":
+        "compiler.inductor.inductor_config",
+    "the first call passes input_ids as int32": "config.model.inputs",
 }
+
+
+def factor_of(name: str) -> str:
+    """A field as viz.debugging.changed_factors names it, cut to the factor this exercise asks for:
+    three parts at most (`config.model.constants.norm.eps` -> `config.model.constants`;
+    `env.VLLM_USE_AOT_COMPILE` and `code.files` stay as they are)."""
+    return ".".join(name.split(".")[:3])
+
+
+def _factor_names(factors: dict) -> set[str]:
+    from minivllm_compile.distributed.rank_check import flatten
+
+    return {factor_of(n) for n in flatten({k: v for k, v in factors.items()
+                                           if not k.endswith("_hash")})}
+
+
+def factor_names() -> list[str]:
+    """The names an answer can give: every factor of the backend key, as factor_of cuts them."""
+    from minivllm_compile import CompilationConfig
+    from minivllm_compile.compilation import cache_keys
+
+    return sorted(_factor_names(cache_keys.backend_cache_key(
+        CompilationConfig(), "cpu", cache_keys.model_factors(torch.nn.Module()))[1]))
 
 
 @measured_once
@@ -123,6 +147,7 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
     from minivllm_compile.compilation.backends import set_model_tag
     from minivllm_compile.compilation.decorators import input_spec
     from minivllm_compile.models import CHECKPOINTS, load_model
+    from minivllm_compile.viz.debugging import changed_factors
 
     def config(**kw: Any) -> CompilationConfig:
         kw.setdefault("compile_sizes", [4])
@@ -203,9 +228,9 @@ def _key_truth() -> tuple[dict[str, tuple[list[str], bool]], set[str]]:
         truth = {}
         for label, make in variants.items():
             factors, aot = make()
-            truth[label] = (sorted(k for k in base_factors if factors[k] != base_factors[k]),
-                            aot != base_aot)
-        return {label: truth[label] for label in CHANGES}, set(base_factors)
+            moved = sorted({factor_of(n) for n in changed_factors(base_factors, factors)})
+            truth[label] = (moved, aot != base_aot)
+        return {label: truth[label] for label in CHANGES}, _factor_names(base_factors)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -217,8 +242,9 @@ def _factor_of(value: Any, label: str, known: set[str]) -> str | None:
         value = next(iter(value))
     if isinstance(value, str) and value.strip() in known:
         return value.strip()
-    raise ExerciseFailed(f"{label!r}: give the name of one factor, one of {sorted(known)}, or None "
-                         f"for 'the key stays the same'; got {value!r}")
+    raise ExerciseFailed(f"{label!r}: give the name of one factor, one of nb09.factor_names() "
+                         f"({', '.join(sorted(known))}), or None for 'the key stays the same'; "
+                         f"got {value!r}")
 
 
 def _grade_keys(answer: Any) -> str:
@@ -230,58 +256,53 @@ def _grade_keys(answer: Any) -> str:
     if missing or unknown:
         raise ExerciseFailed("answer one entry per change, labelled as in nb09.CHANGES: missing "
                              f"{missing}, not a change of this exercise {unknown}")
-    from minivllm_compile import CompilationConfig
-    from minivllm_compile.compilation import cache_keys
-
-    # the factor names, as cache_key_factors.json lists them
-    known = set(cache_keys.backend_cache_key(CompilationConfig(), "cpu",
-                                             cache_keys.model_factors(torch.nn.Module()))[1])
+    known = set(factor_names())
     said = {label: _factor_of(answer[label], label, known) for label in CHANGES}
     truth, names = _key_truth()
-    assert names == known, (names, known)
+    assert names == known, (names ^ known)
     problems, measured = [], []
     for label, why in CHANGES.items():
         said_factor = said[label]
         moved, _ = truth[label]
-        # each change of this exercise moves one factor or none
-        assert len(moved) <= 1, (label, moved)
-        real = moved[0] if moved else None
-        if said_factor == real:
+        # a change may move several fields of one config (a mode and the sizes it brings): any of
+        # them names it
+        if (said_factor in moved) if moved else said_factor is None:
             continue
         problems.append(f"{label}: not {said_factor!r}. {QUESTIONS[label]}")
-        did = f"it moves '{real}'" if real else "the key stays the same"
+        did = f"it moves {', '.join(moved)}" if moved else "the key stays the same"
         measured.append(f"{label}: {did} ({why})")
     if problems:
         raise ExerciseFailed(f"{len(problems)} of {len(CHANGES)} wrong (recomputed "
-                             "with cache_keys.backend_cache_key; notebook 09 §4 and "
+                             "with cache_keys.backend_cache_key; notebook 09 §3, §4 and "
                              "§8, the factor table):\n  - " + "\n  - ".join(problems),
                              measured="; ".join(measured))
     new_key = [label for label, (moved, _) in truth.items() if moved]
     aot_blind = [label for label in new_key if not truth[label][1]]
     assert aot_blind == ["a comment added to models/llama.py"], aot_blind
-    return (f"{len(new_key)} of the {len(CHANGES)} changes give a new backend key, each through "
-            f"one factor; the AOT key moves for all of them but one, {aot_blind[0]!r}: it is "
-            "computed before Dynamo runs, so it cannot know the traced files, and the AOT load "
-            "checks their sources instead (aot._verify_source_unchanged).")
+    return (f"{len(new_key)} of the {len(CHANGES)} changes give a new backend key; the AOT key "
+            f"moves for all of them but one, {aot_blind[0]!r}: it is computed before Dynamo runs, "
+            "so it cannot know the traced files, and the AOT load checks their sources instead "
+            "(aot._verify_source_unchanged).")
 
 
 @exercise("09.1", "which factor of the cache key covers each change", section="notebook 09 §3, §4 "
           "and §8 (the keys, what invalidates them, what they cover)",
-          hint="read what each factor hashes in section 8's table, and "
-               "CompilationConfig.HASH_EXCLUDED for the config fields left out; tell a tensor's "
-               "shape from its values, and both from a plain Python value a module holds",
+          hint="read what each factor holds in section 8's table, and the ignored_factors of "
+               "CompilationConfig.compile_factors for the config fields left out; tell a "
+               "tensor's shape from its values, and both from a plain Python value a module holds",
           deeper_hint="For each change ask two questions. Does it change the code Inductor would "
-                      "generate? If not (something only wraps the compiled pieces, or only the "
+                      "generate, or what the compiled pieces are served to? If not (only the "
                       "numbers in a tensor), the key should stay the same. If it does, where does "
-                      "the change live: in the config object, in the model's plain values, in a "
-                      "traced file's text, in a pass's source, in Inductor's process-wide "
-                      "settings, in the first call's tensors, or in the folder name? Each place is "
-                      "one factor: cache_keys.py's docstring lists what each one hashes.",
+                      "the change live: in the compilation config, in the model's plain values, "
+                      "in a traced file's text, in Inductor's process-wide settings, in the first "
+                      "call's tensors, or in the folder name? Each place is one part of the key: "
+                      "cache_keys.py's docstring lists what each one holds.",
           solution=lambda: dict(_KEY_SOLUTION),
-          wrong=lambda: {**_KEY_SOLUTION, "cudagraph_mode='PIECEWISE'": "config",
-                         "one line of the user's post-grad pass edited": "config"},
-          wrong_says="HASH_EXCLUDED",
-          gives_away="cudagraph_mode='PIECEWISE': the key stays the same")
+          wrong=lambda: {**_KEY_SOLUTION, "cudagraph_mode='PIECEWISE'": None,
+                         "one line of the user's post-grad pass edited":
+                             "compiler.inductor.inductor_config"},
+          wrong_says="ignored_factors",
+          gives_away="cudagraph_mode='PIECEWISE': it moves")
 def grade_keys(answer: Any) -> str:
     return _grade_keys(answer)
 
@@ -299,7 +320,7 @@ LAYERS, SIZES, MAX_TOKENS = 1, [], 16
 @measured_once
 def _starts_truth() -> tuple[dict[str, dict[str, int]], dict[str, Any]]:
     """Four first calls into a fresh cache: cold and warm, then cold and warm with the mega
-    artifact off (its own key: VLLM_USE_MEGA_AOT_ARTIFACT is among the 'envs' factor)."""
+    artifact off (its own key: VLLM_USE_MEGA_AOT_ARTIFACT is among the 'env' factors)."""
     from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
     from minivllm_compile.models import build_model
 

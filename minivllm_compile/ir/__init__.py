@@ -1,4 +1,4 @@
-"""vLLM IR (vLLM 0.33's vllm/ir/): ops declared once, implemented by providers, chosen by priority.
+"""vLLM IR (vLLM 0.34's vllm/ir/): ops declared once, implemented by providers, chosen by priority.
 
     from minivllm_compile import ir
     ir.ops.rms_norm(x, weight, 1e-6)                  # dispatches by the current priority

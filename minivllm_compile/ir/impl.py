@@ -1,15 +1,24 @@
-"""`IrOpImpl`: one provider's implementation of an IR op (vLLM's vllm/ir/op.py, IrOpImpl).
+"""`IrOpImpl`: one provider's implementation of an IR op (vLLM 0.34's vllm/ir/op.py, IrOpImpl).
 
 Every check a registration makes is here, and each refusal names the op, what was wrong and what
 to do: a provider name that is reserved, malformed or taken; a schema that differs from the
-native implementation's; a `supports_args` whose parameters differ from the op's.
+native implementation's; a `supports_args` whose parameters differ from the op's. Each message
+starts with vLLM's words (its tests match them: tests/ir/test_op.py) and the exception type is
+vLLM's: AssertionError for a reserved or taken name (vLLM asserts; here it is raised, so it holds
+under `python -O` too), ValueError for the rest.
+
+Ops and providers record where they were registered (`_registration_stack`, as in vLLM 0.34: the
+stack of the registering call, this package's own frames left out), so a name registered twice
+is refused naming both places.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,20 +46,44 @@ def validate_name(name: Any, entity: str, op_name: str | None = None) -> None:
     )
 
 
+# the files whose frames a registration stack leaves out: the registering call is the user's
+_IR_FILES = {str(Path(__file__).with_name(n)) for n in ("op.py", "impl.py")}
+
+
+def registration_stack() -> list[str]:
+    """The stack of the call registering an op or a provider, as `traceback.format_stack` lines
+    (vLLM 0.34's `_registration_stack`), without this package's frames: the last line is the
+    user's `@register_op` or `@op.register_impl(...)`, whichever form the decorator took."""
+    frames = traceback.extract_stack()[:-1]
+    while frames and frames[-1].filename in _IR_FILES:
+        frames.pop()
+    return traceback.format_list(frames)
+
+
+def where(stack: list[str]) -> str:
+    """`File "...", line N, in f: <the line>` of a registration stack's last frame."""
+    if not stack:
+        return "an unknown place (constructed directly, not through a decorator)"
+    place, *code = stack[-1].strip().splitlines()
+    return f"{place.strip()}: {code[0].strip()}" if code else place.strip()
+
+
 def check_provider_name(op: IrOp, provider: str) -> None:
     """The three ways a provider name is refused (vLLM asserts the first and the last)."""
     if provider in RESERVED_PROVIDERS:
-        raise ValueError(
-            f"Provider name {provider!r} is reserved ({RESERVED_PROVIDERS}) for op {op.name}: "
-            f"'native' is the op's own body, registered with the op. Give your implementation "
-            f"another name, e.g. 'my_{provider}'."
+        raise AssertionError(
+            f"Provider name {provider} is reserved. {RESERVED_PROVIDERS} are reserved names for "
+            f"op {op.name}: 'native' is the op's own body, registered with the op. Give your "
+            f"implementation another name, e.g. 'my_{provider}'."
         )
     validate_name(provider, "Provider", op.name)
     if provider in op.impls:
-        raise ValueError(
-            f"Provider {provider!r} is already registered for op {op.name} (registered: "
-            f"{list(op.impls)}). Choose another name; to change the implementation, edit the "
-            f"registered function instead of registering it twice."
+        first = where(op.impls[provider]._registration_stack)
+        raise AssertionError(
+            f"Implementation for provider {provider} already registered for op {op.name} "
+            f"(registered: {list(op.impls)}): first at {first}; again at "
+            f"{where(registration_stack())}. Choose another name; to change the "
+            f"implementation, edit the registered function instead of registering it twice."
         )
 
 
@@ -63,21 +96,21 @@ class IrOpImpl:
         supported: bool,
         supports_args: Callable[..., bool] | None,
         inplace: bool = False,
+        registration_stack: list[str] | None = None,
     ):
         # the exact schema of the native body: argument names, types and defaults alike
         try:
             schema = infer_schema(impl_fn, mutates_args=())
         except ValueError as e:  # torch's message names neither the op nor the provider
             raise ValueError(
-                f"Implementation {provider!r} of op {op.name}: its schema cannot be inferred "
-                f"({e}). Annotate it exactly as the native function: {op.py_signature}"
+                f"Implementation for provider {provider} of op {op.name}: its schema cannot be "
+                f"inferred ({e}). Annotate it exactly as the native function: {op.py_signature}"
             ) from None
         if schema != op.schema_str:
             raise ValueError(
-                f"Implementation {provider!r} of op {op.name} has schema {schema!r}, which does "
-                f"not "
-                f"match the native schema {op.schema_str!r}. Give it the same parameter names, "
-                f"types and defaults as the native function (copy its signature)."
+                f"Implementation for provider {provider} has schema '{schema}' which does not "
+                f"match native schema '{op.schema_str}' for op {op.name}. Give it the same "
+                f"parameter names, types and defaults as the native function (copy its signature)."
             )
         if supports_args is not None:
             _check_supports_args(op, provider, supports_args)
@@ -97,6 +130,7 @@ class IrOpImpl:
         self.supported = supported
         self._supports_args = supports_args
         self.inplace = inplace
+        self._registration_stack = registration_stack or []
         self._uuid: str | None = None
 
     def __repr__(self) -> str:
@@ -134,21 +168,31 @@ class IrOpImpl:
 def _check_supports_args(op: IrOp, provider: str, fn: Callable) -> None:
     """Same parameters (names, defaults, no keyword-only) as the op, so dispatch passes the
     call's arguments straight through (vLLM checks the same, for a fast hot path)."""
-    where = f"supports_args of provider {provider!r} for op {op.name}"
     if not callable(fn):
-        raise ValueError(f"{where} must be a callable taking the op's arguments, got {fn!r}")
+        raise ValueError(
+            f"supports_args for provider {provider} must be a callable taking the arguments of op "
+            f"{op.name}, got {fn!r}"
+        )
     params = list(inspect.signature(fn).parameters.values())
     op_params = list(op.py_signature.parameters.values())
-    fix = f"write it with the op's parameters: {op.py_signature}"
+    fix = f" (op {op.name}); write it with the op's parameters: {op.py_signature}"
     if any(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params):
-        raise ValueError(f"{where} has keyword-only parameters; {fix}")
+        raise ValueError(
+            f"supports_args for provider {provider} cannot have keyword-only parameters{fix}"
+        )
     if len(params) != len(op_params):
         raise ValueError(
-            f"{where} has {len(params)} parameters, the op has {len(op_params)}; {fix}"
+            f"supports_args for provider {provider} must have the same number of parameters "
+            f"({len(params)}) as the native implementation ({len(op_params)}){fix}"
         )
     for p, q in zip(params, op_params):
-        if p.name != q.name or p.default != q.default:
+        if p.name != q.name:
             raise ValueError(
-                f"{where}: parameter {p.name!r} (default {p.default!r}) does not match "
-                f"the op's {q.name!r} (default {q.default!r}); {fix}"
+                f"supports_args for provider {provider} has parameter '{p.name}' which does not "
+                f"match native parameter '{q.name}'{fix}"
+            )
+        if p.default != q.default:
+            raise ValueError(
+                f"supports_args for provider {provider} has parameter '{p.name}' with default "
+                f"{p.default} which does not match native default {q.default}{fix}"
             )

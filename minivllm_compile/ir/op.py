@@ -1,5 +1,5 @@
 """vLLM IR: an op declared once, implemented by several providers, picked by priority
-(vLLM 0.33's vllm/ir/op.py).
+(vLLM 0.34's vllm/ir/op.py).
 
     @register_op
     def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float,
@@ -27,7 +27,13 @@ from typing import Any, ClassVar
 import torch
 from torch.library import Library, infer_schema
 
-from minivllm_compile.ir.impl import IrOpImpl, check_provider_name, validate_name
+from minivllm_compile.ir.impl import (
+    IrOpImpl,
+    check_provider_name,
+    registration_stack,
+    validate_name,
+    where,
+)
 from minivllm_compile.ir.tolerances import DEFAULT_TOLERANCES, ToleranceSpec
 
 logger = logging.getLogger(__name__)
@@ -76,14 +82,15 @@ def register_op(
     def decorator(fn: Callable) -> IrOp:
         op_name = fn.__name__ if name is None else name
         validate_name(op_name, "Op")
-        if op_name in IrOp.registry:
-            raise ValueError(
-                f"Op {op_name!r} is already registered ({IrOp.registry[op_name]!r}): "
-                f"use it through IrOp.registry[{op_name!r}], or register under another "
-                f"name="
+        stack = registration_stack()
+        if op_name in IrOp.registry:  # vLLM asserts it, with the words that start this message
+            raise AssertionError(
+                f"Op '{op_name}' is already registered. First at "
+                f"{where(IrOp.registry[op_name]._registration_stack)}; again at {where(stack)}. "
+                f"Use it through IrOp.registry[{op_name!r}], or register under another name="
             )
         cls = IrOpInplace if allow_inplace else IrOp
-        op = cls(op_name, fn, activations)
+        op = cls(op_name, fn, activations, stack)
         IrOp.registry[op_name] = op
         return op
 
@@ -101,13 +108,19 @@ class IrOp:
     registry: ClassVar[dict[str, IrOp]] = {}
     allow_inplace: bool = False
 
-    def __init__(self, name: str, native_impl: Callable, activations: list[str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        native_impl: Callable,
+        activations: list[str] | None = None,
+        registration_stack: list[str] | None = None,
+    ):
         self.py_signature = inspect.signature(native_impl)
         params = self.py_signature.parameters.values()
         if any(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params):
             raise ValueError(
-                f"Op {name} has keyword-only parameters: the lowering passes a node's "
-                f"arguments by position, so make them positional"
+                f"Op {name} has keyword-only arguments which are not currently supported: the "
+                f"lowering passes a node's arguments by position, so make them positional"
             )
         if activations is None:  # vLLM's convention: the parameters named x...
             activations = [p.name for p in params if p.name.startswith("x")]
@@ -118,12 +131,19 @@ class IrOp:
             )
         self.name = name
         self.doc = inspect.getdoc(native_impl) or ""
+        # where register_op was called (empty for an op constructed directly, as in vLLM)
+        self._registration_stack = registration_stack or []
         self.activations = activations
         self.activation_indices = [i for i, p in enumerate(params) if p.name in activations]
         self.schema_str = infer_schema(native_impl, mutates_args=())
         self.impls: dict[str, IrOpImpl] = {}
         self.impls["native"] = IrOpImpl(
-            self, "native", native_impl, supported=True, supports_args=None
+            self,
+            "native",
+            native_impl,
+            supported=True,
+            supports_args=None,
+            registration_stack=self._registration_stack,
         )
         self._priority_impls: list[IrOpImpl] = []
         self._fake_fn = native_impl
@@ -161,7 +181,9 @@ class IrOp:
 
         def register(fn: Callable) -> IrOpImpl:
             check_provider_name(self, provider)  # again: the name may be taken by now
-            impl = IrOpImpl(self, provider, fn, supported, supports_args, inplace)
+            impl = IrOpImpl(
+                self, provider, fn, supported, supports_args, inplace, registration_stack()
+            )
             self.impls[provider] = impl
             if self._priority_impls:
                 logger.warning(
@@ -217,9 +239,10 @@ class IrOp:
             impls.append(self.impls[p])
             if self.impls[p].supports_all_args:
                 return impls
-        _warn_once(
-            "Op %s: no provider in priority %s takes every argument; native is tried last. "
-            "Add 'native' at the end of the list to silence this.",
+        _warn_once(  # vLLM's words (its tests match "fallback to native")
+            "Op %s: No implementation in priority list %s supports all args, execution fallback "
+            "to native is possible. To silence this warning, explicitly add 'native' to the end "
+            "of the priority list",
             self.name,
             priority,
         )
@@ -244,7 +267,7 @@ class IrOp:
         if not self._priority_impls:
             if not torch.compiler.is_compiling():  # logging does not trace
                 _warn_once(
-                    "Priority not set for op %s, using its native implementation.", self.name
+                    "Priority not set for op %s, using native implementation.", self.name
                 )
             return self.impls["native"]
         for impl in self._priority_impls:
@@ -297,8 +320,9 @@ class IrOp:
         if dtype in DEFAULT_TOLERANCES:
             return DEFAULT_TOLERANCES[dtype]
         raise ValueError(
-            f"No tolerance for {dtype} in op {self.name!r}: call "
-            f"op.override_tolerance({dtype}, atol=..., rtol=...)"
+            f"No tolerance defined for dtype {dtype} in op '{self.name}'. Use "
+            f"op.override_tolerance({dtype}, atol=..., rtol=...) or add {dtype} to "
+            f"DEFAULT_TOLERANCES."
         )
 
 
@@ -307,8 +331,14 @@ class IrOpInplace(IrOp):
 
     allow_inplace = True
 
-    def __init__(self, name: str, native_impl: Callable, activations: list[str] | None = None):
-        super().__init__(name, native_impl, activations)
+    def __init__(
+        self,
+        name: str,
+        native_impl: Callable,
+        activations: list[str] | None = None,
+        registration_stack: list[str] | None = None,
+    ):
+        super().__init__(name, native_impl, activations, registration_stack)
         self.maybe_inplace = IrOpInplaceOverload(self)
 
 

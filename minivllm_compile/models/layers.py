@@ -2,7 +2,7 @@
 
 Most blocks allocate their output and call an in-place custom op, exactly as vLLM's CUDA paths do,
 so the graph Dynamo captures holds the same `auto_functionalized` nodes vLLM's does. RMSNorm calls
-vLLM IR ops instead, as vLLM 0.33's does (minivllm_compile/ir/).
+vLLM IR ops instead, as vLLM 0.34's does (minivllm_compile/ir/).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def use_custom_op(name: str) -> bool:
 
 
 class RMSNorm(nn.Module):
-    """vLLM 0.33's RMSNorm (model_executor/layers/layernorm.py): both forms call the vLLM IR ops,
+    """vLLM 0.34's RMSNorm (model_executor/layers/layernorm.py): both forms call the vLLM IR ops,
     and the IR op priority (CompilationConfig.kernel_config.ir_op_priority) picks the kernel: in
     eager mode when called, in a compiled graph when VllmIRLoweringPass lowers the op's node.
     `custom_ops` no longer chooses it: vLLM's forward_cuda calls forward_native too, except for

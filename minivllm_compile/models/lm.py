@@ -215,7 +215,7 @@ class LM:
         first, each after one plain run at its size (vLLM's cudagraph_num_of_warmups=1), with dummy
         inputs and no attention metadata. generate() never captures: the wrappers refuse it."""
         with _PROCESS_WIDE:  # the capture switch is process-wide: one LM captures at a time
-            set_cudagraph_capturing_enabled(True)  # as vLLM's model runner, around its capture only
+            set_cudagraph_capturing_enabled(True)  # as vLLM 0.33's model runner, around its capture
             try:
                 with torch.inference_mode():
                     for mode, descs in self.cudagraph_dispatcher.get_capture_descs():

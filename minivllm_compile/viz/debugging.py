@@ -218,12 +218,30 @@ def table(rows: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def changed_factors(entry_a: str | Path, entry_b: str | Path) -> dict[str, tuple[Any, Any]]:
-    """The cache-key factors two backend entries of the compile cache differ in (each entry's
-    cache_key_factors.json, as viz.describe_cache() lists them): why the second one missed."""
-    a, b = (
-        json.loads((Path(p) / "cache_key_factors.json").read_text()) for p in (entry_a, entry_b)
-    )
+def _factors_of(entry: str | Path | dict) -> dict:
+    """The factors themselves, from a dict, a cache_key_factors.json, or the backend folder that
+    holds one."""
+    if isinstance(entry, dict):
+        return entry
+    path = Path(entry)
+    if path.is_dir():
+        path = path / "cache_key_factors.json"
+    return json.loads(path.read_text())
+
+
+def changed_factors(entry_a: str | Path | dict,
+                    entry_b: str | Path | dict) -> dict[str, tuple[Any, Any]]:
+    """The cache-key factors two compile-cache entries differ in, each named down to the field
+    (`config.compilation.pass_config.fuse_norm_quant`, `env.VLLM_USE_AOT_COMPILE`) with its two
+    values (None where one side has no such field): why the second one missed. An entry is a
+    backend folder (as viz.describe_cache() lists them), its cache_key_factors.json, or the factors
+    themselves (cache_keys.backend_cache_key's). The three hashes (config_hash, code_hash,
+    compiler_hash) are left out: one differs whenever a field under it does. A list is one value
+    (code.files: every traced file with its hash)."""
+    from minivllm_compile.distributed.rank_check import flatten
+
+    a, b = (flatten({k: v for k, v in _factors_of(e).items() if not k.endswith("_hash")})
+            for e in (entry_a, entry_b))
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 

@@ -1,4 +1,4 @@
-"""The three ways a second process starts from the compile cache, as in vLLM 0.33 (seed §10, §11):
+"""The three ways a second process starts from the compile cache, as in vLLM 0.34 (seed §10, §11):
 
     mega AOT artifact (default)  the AOT file holds the pieces' artifacts: no backend, no compile
     AOT, no mega artifact        the AOT file holds the Dynamo graph: the backend runs again, and

@@ -31,6 +31,8 @@ def config():
     return CompilationConfig(mode=CompilationMode[spec.get("mode", "VLLM_COMPILE")],
                              max_num_batched_tokens=16, **kw)
 
+for name, value in spec.get("inductor", {}).items():  # a process-wide Inductor setting
+    setattr(torch._inductor.config, name, value)
 results = {}
 if spec.get("toy"):
     import toy_model
@@ -347,23 +349,56 @@ def test_a_moved_cache_still_loads_and_a_shared_one_is_readable(tmp_path, seed_i
     assert "unusable" not in proc.stderr
 
 
+@pytest.mark.compiles
+def test_a_cuda_graph_field_a_switch_and_an_inductor_setting_each_get_a_folder(tmp_path,
+                                                                              seed_isa_record):
+    """vLLM 0.34 hashes the CUDA-graph fields (config.compilation), every switch but an ignore list
+    (env) and Inductor's own settings (compiler): a start that differs from the first in one of
+    them compiles afresh, into a folder of its own, and changed_factors names the field. (The
+    other groups: the model above, code in test_caching.py, the IR priority in
+    test_ir_cache_keys.py, the TP size in tests/distributed/test_tp_compile.py.)"""
+    from minivllm_compile.viz.debugging import changed_factors
+
+    seed_isa_record(tmp_path)  # conftest.py: no ISA probe in the first start
+    ok(*run(tmp_path, {}), loaded=False)
+    (base,) = seen = backend_dirs(tmp_path)
+    for spec, env, field in (
+            ({"cc": {"cudagraph_mode": "PIECEWISE"}}, {}, "config.compilation.cudagraph_mode"),
+            ({}, {"VLLM_USE_BYTECODE_HOOK": "0"}, "env.VLLM_USE_BYTECODE_HOOK"),
+            ({"inductor": {"comment_origin": True}}, {},
+             "compiler.inductor.inductor_config.comment_origin")):
+        ok(*run(tmp_path, spec, env), loaded=False)
+        (new,) = set(backend_dirs(tmp_path)) - set(seen)
+        seen.append(new)
+        changed = changed_factors(base, new)
+        changed.pop("config.version", None)  # the compiler's source, should it be edited meanwhile
+        assert field in changed and all(f.startswith(field.rpartition(".")[0]) for f in changed), \
+            changed
+
+
 def test_the_key_covers_every_factor():
     """In-process: which changes move the AOT key (the fresh-process tests
     above show it matters)."""
     from minivllm_compile.models import build_model
+    from minivllm_compile.viz.debugging import changed_factors
 
     lm = build_model("llama", num_layers=1)
     base = cache_keys.aot_cache_key(lm.model, CompilationConfig())
-    assert {"config", "envs", "torch", "inductor_config", "compiler", "passes",
-            "model", "constants",
-            "inputs", "tag"} <= set(base[1])
+    assert set(base[1]) == {"env", "config", "compiler"}  # before the trace: no code, no device
+    assert set(base[1]["config"]) == {"model", "compilation", "parallel", "version"}
+    assert set(base[1]["config"]["model"]) == {"class", "forward", "parameters", "buffers",
+                                               "constants", "inputs", "tag"}
     eps = build_model("llama", num_layers=1, rms_norm_eps=0.1)
-    assert cache_keys.aot_cache_key(eps.model, CompilationConfig())[0] != base[0]
+    moved = cache_keys.aot_cache_key(eps.model, CompilationConfig())
+    assert moved[0] != base[0]
     assert cache_keys.model_constants(eps.model)["norm.eps"] == repr(0.1)
+    assert changed_factors(base[1], moved[1])["config.model.constants.norm.eps"] == (
+        repr(1e-5), repr(0.1))
     inputs = {"input_ids": {"dtype": "torch.int32"}}
     factors = cache_keys.model_factors(lm.model, inputs)
     with_inputs = cache_keys.aot_cache_key(lm.model, CompilationConfig(), factors)
     assert with_inputs[0] != base[0]
+    assert set(changed_factors(base[1], with_inputs[1])) == {"config.model.inputs.input_ids.dtype"}
     from minivllm_compile.compilation.backends import VllmBackend, set_model_tag
 
     with set_model_tag("eagle_head"):
@@ -436,3 +471,22 @@ def test_the_compiler_hash_reads_this_package():
             "ir/op.py", "distributed/parallel_state.py"} <= files
     assert not [f for f in files if f.split("/")[0] in (
         "viz", "exercises", "bench", "models", "tour.py", "launch.py")]
+
+
+def test_the_code_factor_lists_every_traced_file_and_hashes_what_it_can_read(tmp_path):
+    """vLLM's read_code_files / get_code_factors: one entry per file, sorted by path, with the hash
+    of its content; code in no file ("<string>", a file gone since) is listed by its path alone."""
+    from minivllm_compile.config import hash_factors
+
+    (tmp_path / "b.py").write_text("x = 1\n")
+    cc = CompilationConfig()
+    cc.traced_files = {str(tmp_path / "b.py"), "<string>", str(tmp_path / "gone.py")}
+    _, factors = cache_keys.backend_cache_key(cc, "cpu")
+    assert factors["code"] == {"files": [
+        {"path": str(tmp_path / "b.py"), "hash": hash_factors({"content": "x = 1\n"})},
+        {"path": str(tmp_path / "gone.py")},
+        {"path": "<string>"}]}
+    assert factors["code_hash"] == hash_factors(factors["code"])
+    key = cache_keys.backend_cache_key(cc, "cpu")[0]
+    (tmp_path / "b.py").write_text("x = 2\n")  # an edit is a new key
+    assert cache_keys.backend_cache_key(cc, "cpu")[0] != key

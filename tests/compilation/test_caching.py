@@ -12,6 +12,7 @@ import torch
 
 from minivllm_compile import CompilationConfig, CompilationMode, compilation_counter
 from minivllm_compile.compilation import cache_keys, cpu_isa
+from minivllm_compile.config import hash_factors
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.cache import describe_cache
 
@@ -118,30 +119,37 @@ def test_the_compile_fx_adaptor_keeps_inductors_own_cache_in_the_compile_cache(t
 
 
 def test_which_adaptors_redirect_inductors_cache(tmp_path, monkeypatch):
-    """As vLLM 0.33: compile_fx's adaptor always (its graphs live in Inductor's cache), the
+    """As vLLM 0.34: compile_fx's adaptor always (its graphs live in Inductor's cache), the
     standalone one only with AOT compile off (with it on, its own artifacts are what
-    a later process loads)."""
+    a later process loads). A Triton cache the caller chose is kept; one this function chose for
+    an earlier model is not."""
     from minivllm_compile.compilation.compiler_interface import (
         InductorAdaptor,
         InductorStandaloneAdaptor,
     )
 
-    rank = tmp_path / "h" / "rank_0_0"
+    rank, before = tmp_path / "h" / "rank_0_0", str(tmp_path / "before")
     for make in (InductorAdaptor, lambda: InductorStandaloneAdaptor(use_aot_compile=False)):
         for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
             # restored after the test: the redirection is process-wide
-            monkeypatch.setenv(var, "/before")
+            monkeypatch.setenv(var, before)
         make().initialize_cache(str(rank / "backbone"), disable_cache=True, prefix="backbone")
         InductorStandaloneAdaptor(use_aot_compile=True).initialize_cache(str(rank / "backbone"),
                                                                          prefix="backbone")
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] == "/before"
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] == before
         adaptor = make()
         adaptor.initialize_cache(str(rank / "backbone"), prefix="backbone")
         assert adaptor.cache_dir == str(rank / "backbone")
         # shared by every prefix
         assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == rank / "inductor_cache"
+        assert os.environ["TRITON_CACHE_DIR"] == before  # the caller's, kept
+        monkeypatch.delenv("TRITON_CACHE_DIR")
+        make().initialize_cache(str(rank / "backbone"), prefix="backbone")
         assert Path(os.environ["TRITON_CACHE_DIR"]) == rank / "triton_cache"
         assert (rank / "inductor_cache").is_dir() and (rank / "triton_cache").is_dir()
+        other = tmp_path / "h2" / "rank_0_0"  # another model: this function's own default moves
+        make().initialize_cache(str(other / "backbone"), prefix="backbone")
+        assert Path(os.environ["TRITON_CACHE_DIR"]) == other / "triton_cache"
 
 
 def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
@@ -153,19 +161,39 @@ def test_the_cache_is_laid_out_as_vllm_lays_it(saved):
     assert len(backend_dirs) == 1
     d = backend_dirs[0]
     assert (d / "computation_graph.py").read_text().count("class GraphModule") >= 1
-    factors = json.loads((d / "cache_key_factors.json").read_text())
-    assert set(factors) == {"config", "envs", "torch", "device", "inductor_config",
-                            "traced_files", "compiler",
-                            "passes", "model", "constants", "inputs", "tag"}
-    assert factors["tag"] == "backbone" and factors["inputs"]["input_ids"]["dtype"] == "torch.int64"
-    assert factors["torch"] == torch.__version__ and "VLLM_USE_AOT_COMPILE" in factors["envs"]
-    assert factors["device"] == "cpu"  # where the traced graph's inputs live
-    assert any(p.endswith("models/llama.py") for p in factors["traced_files"])
+    text = (d / "cache_key_factors.json").read_text()
+    factors = json.loads(text)
+    # vLLM 0.34's top-level keys: the factors themselves, and the hashes of three of them
+    assert list(factors) == ["code", "code_hash", "compiler", "compiler_hash", "config",
+                             "config_hash", "env"]
+    assert text == json.dumps(json.loads(text, object_pairs_hook=lambda kv: dict(sorted(kv))),
+                              indent=1)  # sorted at every level, as vLLM writes it
+    for part in ("config", "code", "compiler"):
+        assert factors[f"{part}_hash"] == hash_factors(factors[part])
+    assert d.parent.parent.name == hash_factors(
+        {k: factors[k] for k in ("env", "config", "code", "compiler")})[:10]  # the folder's name
+    assert "VLLM_USE_AOT_COMPILE" in factors["env"] and "VLLM_CACHE_ROOT" not in factors["env"]
+    config = factors["config"]
+    assert set(config) == {"model", "compilation", "parallel", "device", "version"}
+    assert config["model"]["tag"] == "backbone"
+    assert config["model"]["inputs"]["input_ids"]["dtype"] == "torch.int64"
+    assert config["model"]["constants"]["norm.eps"] == repr(1e-5)
+    assert config["compilation"]["max_num_batched_tokens"] == 16
+    assert config["compilation"]["pass_config"]["fuse_norm_quant"] is False
+    assert config["parallel"] == {"tensor_parallel_size": 1}
+    assert config["device"] == {"device_type": "cpu"}  # where the traced graph's inputs live
+    assert list(factors["code"]) == ["files"]
+    files = factors["code"]["files"]
+    assert [f["path"] for f in files] == sorted(f["path"] for f in files)
+    assert all(set(f) == {"path", "hash"} for f in files if not f["path"].startswith("<"))
+    assert any(f["path"].endswith("models/llama.py") and len(f["hash"]) == 64 for f in files)
+    assert list(factors["compiler"]) == ["inductor"]
+    assert factors["compiler"]["inductor"]["torch_version"] == torch.__version__
     # the mega artifact: the pieces are inside the AOT file (the other
     # layout: tests/compilation/test_aot_paths.py)
     assert not list(d.glob("artifact_*")) and not (d / "vllm_compile_cache.py").exists()
     text = describe_cache(root / "torch_compile_cache")
-    assert "cache_key_factors.json" in text and "traced_files: " in text and "model" in text
+    assert "cache_key_factors.json" in text and "· code: " in text and "· config.model: " in text
 
 
 def test_a_corrupt_artifact_is_reported_once_and_rebuilt(saved, tmp_path):
@@ -439,7 +467,7 @@ def test_which_config_fields_change_the_key():
     other = build_model("llama", num_layers=1, hidden_size=64, intermediate_size=96)
     # other weights' shapes
     assert cache_keys.aot_cache_key(other.model, CompilationConfig())[0] != base
-    # the same model on another device: other kernels (vLLM hashes its DeviceConfig)
+    # the same model on another device: other kernels (the parameters' device types)
     assert cache_keys.aot_cache_key(lm.model.to("meta"), CompilationConfig())[0] != base
     cc = CompilationConfig()
     assert cache_keys.backend_cache_key(cc, "cpu")[0] != cache_keys.backend_cache_key(cc, "cuda")[0]

@@ -167,12 +167,13 @@ def test_evaluate_guards_raises_on_an_unexpected_specialisation(hook_off):
         m(torch.randn(3, 8))
 
 
-@pytest.mark.parametrize("ds", [DynamicShapesConfig(evaluate_guards=True),
-                                DynamicShapesConfig(type=DynamicShapesType.UNBACKED)])
-def test_settings_needing_the_hook_off_are_refused_at_construction(ds, monkeypatch):
+def test_evaluate_guards_with_the_hook_on_is_refused_at_construction(monkeypatch):
+    """vLLM's wrapper asserts it: the hook's later calls never enter Dynamo, so no guard would be
+    evaluated. (UNBACKED with the hook on is not refused, as in vLLM 0.34: the test below.)"""
     monkeypatch.delenv("VLLM_USE_BYTECODE_HOOK", raising=False)
     with pytest.raises(ValueError, match="VLLM_USE_BYTECODE_HOOK=0"):
-        Branchy(compilation_config=cfg(dynamic_shapes_config=ds))
+        Branchy(compilation_config=cfg(dynamic_shapes_config=DynamicShapesConfig(
+            evaluate_guards=True)))
 
 
 @pytest.mark.compiles
@@ -208,9 +209,11 @@ def test_traced_files_include_the_model_and_inlined_helpers():
 
 @pytest.mark.compiles
 @pytest.mark.parametrize("ds_type", list(DynamicShapesType))
-def test_every_dynamic_shapes_type_compiles_the_llama(ds_type, monkeypatch):
-    if ds_type == DynamicShapesType.UNBACKED:
-        monkeypatch.setenv("VLLM_USE_BYTECODE_HOOK", "0")
+@pytest.mark.parametrize("hook", ["1", "0"])
+def test_every_dynamic_shapes_type_compiles_the_llama(ds_type, hook, monkeypatch):
+    """Each type, with the bytecode hook on and off (UNBACKED with the hook on too, as vLLM 0.34
+    runs it; seed §3 asks for the hook off): one trace, eager's logits at every size."""
+    monkeypatch.setenv("VLLM_USE_BYTECODE_HOOK", hook)
     cc = cfg(dynamic_shapes_config=DynamicShapesConfig(type=ds_type))
     lm = build_model("llama", num_layers=2, compilation_config=cc)
     eager = build_model("llama", num_layers=2)
@@ -496,13 +499,15 @@ def test_the_first_compile_runs_under_one_named_set_of_patches():
 def test_the_backend_gets_the_models_cache_key_factors_as_an_argument():
     """VllmBackend(model_factors=...) asks for them when Dynamo hands it the graph; a decorated
     model passes its own (known at its first call), a backend used on its own keys without them."""
+    import json
+
     from minivllm_compile.compilation.backends import VllmBackend
 
     cc = cfg(CompilationMode.VLLM_COMPILE, compile_sizes=[], max_num_batched_tokens=16)
     lm = build_model("llama", num_layers=1, compilation_config=cc)
     lm(torch.arange(5), torch.arange(5))
     factors = lm.model.backend.cache_key_factors
-    assert {k: factors[k] for k in lm.model.model_factors} == lm.model.model_factors
+    assert factors["config"]["model"] == json.loads(json.dumps(lm.model.model_factors))
     assert VllmBackend(cc).model_factors() is None
     given = {"model": "m", "constants": "c", "inputs": None, "tag": "backbone"}
     assert VllmBackend(cc, model_factors=lambda: given).model_factors() is given
@@ -544,6 +549,19 @@ def test_the_wrapper_keeps_dynamos_guards_under_stock_torch_compile(hook, monkey
     assert torch.equal(stock_out, torch.tensor([100, 200, 300])) and stock_graphs == 2
     with pytest.raises(RuntimeError, match="NONE compiles nothing"):
         _Wrapped(_ShapeBranch(), CompilationMode.NONE)
+
+
+def test_the_wrapper_refuses_a_config_with_no_mode():
+    """vLLM's wrapper.py: a mode of None (set after construction) is refused, in vLLM's words."""
+
+    class NoMode(_Wrapped):
+        def __init__(self, model):
+            self.model, self.compilation_config = model, cfg(ONCE)
+            self.compilation_config.mode = None
+            TorchCompileWithNoGuardsWrapper.__init__(self)
+
+    with pytest.raises(RuntimeError, match="Compilation mode cannot be NO_COMPILATION"):
+        NoMode(_ShapeBranch())
 
 
 @pytest.mark.compiles

@@ -16,6 +16,7 @@ import pytest
 
 from minivllm_compile import CompilationConfig, CompilationMode
 from minivllm_compile.compilation import cache_keys
+from minivllm_compile.config import hash_config
 from minivllm_compile.config.kernel import IrOpPriorityConfig, KernelConfig
 
 CHILD = r"""
@@ -111,18 +112,23 @@ def test_an_edited_provider_compiles_afresh_and_runs_the_new_body(tmp_path, seed
 
 def test_the_priority_the_wrap_and_the_provider_sources_change_the_key():
     """The same factors, in one process: the config's hash, the pass manager's uuid (Inductor's
-    FX-graph key) and the backend key all move."""
+    FX-graph key) and the backend key all move, and the key names the field."""
+    from minivllm_compile.viz.debugging import changed_factors
+
     def cc(priority=("native",), **kw):
         kernels = KernelConfig(IrOpPriorityConfig.with_default(list(priority)))
         return CompilationConfig(mode=CompilationMode.VLLM_COMPILE, kernel_config=kernels, **kw)
 
     native, vllm_c, unwrapped = cc(), cc(["vllm_c"]), cc(ir_enable_torch_wrap=False)
-    assert len({c.compute_hash() for c in (native, vllm_c, unwrapped)}) == 3
-    assert cache_keys.compile_factors(
-        native)["passes"] != cache_keys.compile_factors(vllm_c)["passes"]
-    assert cache_keys.backend_cache_key(native,
-                                        "cpu")[0] != cache_keys.backend_cache_key(vllm_c, "cpu")[0]
-    before, before_cc = native.kernel_config.ir_op_priority.compute_hash(), native.compute_hash()
+    assert len({hash_config(c) for c in (native, vllm_c, unwrapped)}) == 3
+    assert cache_keys.passes_uuid(native) != cache_keys.passes_uuid(vllm_c)
+    (k_native, f_native), (k_vllm_c, f_vllm_c) = (cache_keys.backend_cache_key(c, "cpu")
+                                                  for c in (native, vllm_c))
+    assert k_native != k_vllm_c
+    priority = "config.compilation.kernel_config.ir_op_priority"
+    changed = changed_factors(f_native, f_vllm_c)
+    assert f"{priority}.rms_norm" in changed and f"{priority}._impls.rms_norm.vllm_c" in changed
+    before, before_cc = hash_config(native.kernel_config.ir_op_priority), hash_config(native)
     # an implementation's uuid is what its provider contributes (edited above, for real)
     from minivllm_compile import ir
 
@@ -130,8 +136,10 @@ def test_the_priority_the_wrap_and_the_provider_sources_change_the_key():
     old = impl.uuid()
     try:
         impl._uuid = "edited"
-        assert native.kernel_config.ir_op_priority.compute_hash() != before
-        assert native.compute_hash() != before_cc
+        assert hash_config(native.kernel_config.ir_op_priority) != before
+        assert hash_config(native) != before_cc
+        assert set(changed_factors(f_native, cache_keys.backend_cache_key(native, "cpu")[1])) == {
+            f"{priority}._impls.rms_norm.native"}
     finally:
         impl._uuid = old
-    assert native.compute_hash() == before_cc
+    assert hash_config(native) == before_cc

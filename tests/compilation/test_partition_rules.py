@@ -1,4 +1,4 @@
-"""should_split decides as vLLM 0.33's partition_rules.should_split does: it compares
+"""should_split decides as vLLM 0.34's partition_rules.should_split does: it compares
 `target.name()`, which is "ns::op" for the `.default` overload, "ns::op.overload" for any other."""
 
 import logging

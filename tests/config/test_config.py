@@ -15,6 +15,7 @@ from minivllm_compile import (
     compilation_counter,
     envs,
 )
+from minivllm_compile.config import hash_config
 
 
 def test_modes_are_vllms_int_enum():
@@ -94,16 +95,15 @@ def test_compile_ranges_as_vllm_builds_them():
 
 
 def test_hash_changes_with_what_is_compiled_not_with_paths():
-    base = CompilationConfig()
-    assert base.compute_hash() == CompilationConfig().compute_hash()
-    assert base.compute_hash() != CompilationConfig(
-        mode=CompilationMode.DYNAMO_TRACE_ONCE).compute_hash()
-    assert base.compute_hash() != CompilationConfig(compile_sizes=[4]).compute_hash()
-    assert base.compute_hash() != CompilationConfig(
-        dynamic_shapes_config=DynamicShapesConfig(type=DynamicShapesType.UNBACKED)).compute_hash()
+    base = hash_config(CompilationConfig())
+    assert base == hash_config(CompilationConfig())
+    assert base != hash_config(CompilationConfig(mode=CompilationMode.DYNAMO_TRACE_ONCE))
+    assert base != hash_config(CompilationConfig(compile_sizes=[4]))
+    assert base != hash_config(CompilationConfig(
+        dynamic_shapes_config=DynamicShapesConfig(type=DynamicShapesType.UNBACKED)))
     same = CompilationConfig(debug_dump_path="/tmp/x", cache_dir="/tmp/y")
     same.traced_files.add("/some/file.py")
-    assert same.compute_hash() == base.compute_hash()
+    assert hash_config(same) == base
 
 
 def test_env_switches_parse_and_refuse_nonsense(monkeypatch):
@@ -231,8 +231,8 @@ def test_a_range_gated_pass_adds_its_endpoint():
     past = PassConfig(enable_qk_norm_rope_fusion=True, qk_norm_rope_fusion_max_token_num=64)
     assert CompilationConfig(max_num_batched_tokens=32,
                              pass_config=past).get_compile_ranges() == [Range(1, 32)]
-    assert cc.compute_hash() != CompilationConfig(max_num_batched_tokens=32,
-                                                  compile_ranges_endpoints=[16]).compute_hash()
+    assert hash_config(cc) != hash_config(CompilationConfig(max_num_batched_tokens=32,
+                                                            compile_ranges_endpoints=[16]))
     with pytest.raises(ValueError, match="qk_norm_rope_fusion_max_token_num must "
                                          "be a positive int or None"):
         PassConfig(qk_norm_rope_fusion_max_token_num=0)

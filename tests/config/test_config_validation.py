@@ -64,3 +64,18 @@ def test_a_home_relative_cache_dir_is_expanded(tmp_path, monkeypatch):
     lm.warmup()
     assert any((home / "x").rglob("*.py")), list(tmp_path.rglob("*"))
     assert not (cwd / "~").exists()
+
+
+@pytest.mark.parametrize("graphs", ["FULL", "PIECEWISE", "FULL_AND_PIECEWISE"])
+def test_stock_torch_compile_captures_no_cuda_graph(graphs, caplog):
+    """vLLM 0.34's VllmConfig._disable_cudagraphs_for_stock_torch_compile: CUDA graphs are
+    turned off, and the sizes with them, in its words."""
+    import logging
+
+    from minivllm_compile import CUDAGraphMode
+
+    with caplog.at_level(logging.INFO, logger="minivllm_compile"):
+        cc = CompilationConfig(mode=CompilationMode.STOCK_TORCH_COMPILE, cudagraph_mode=graphs,
+                               cudagraph_capture_sizes=[1, 2])
+    assert cc.cudagraph_mode == CUDAGraphMode.NONE and cc.cudagraph_capture_sizes == []
+    assert f"Overriding cudagraph_mode {graphs} to NONE" in caplog.text

@@ -52,17 +52,20 @@ def test_every_rank_gets_one_hash_and_its_own_folder():
     (k1, f1), folder1, c1 = key_of(1, 2)
     assert k0 == k1 and f0 == f1
     assert (folder0, folder1) == ("rank_0_0", "rank_1_0")
-    assert f0["parallel"] == {"tensor_parallel_size": 2}
+    assert f0["config"]["parallel"] == {"tensor_parallel_size": 2}
     assert not any(n.endswith((".tp_rank", ".vocab_start_index", ".vocab_end_index")) for n in c0)
     assert c0 == c1 and c0["embed_tokens.tp_size"] == 2  # what is the same on every rank stays
 
 
 def test_tp1_and_tp2_differ_and_tp1_keeps_its_key():
-    """TP=1 and TP=2 differ by the "parallel" factor (and the shard shapes); at TP=1 there is no
-    such factor and the folder is rank_0_0, so a single process keys and lays out as before."""
+    """TP=1 and TP=2 differ by config.parallel (and the shard shapes); a TP=1 rank keys and lays
+    out as a single process does (rank_0_0)."""
+    from minivllm_compile.viz.debugging import changed_factors
+
     (k1, f1), folder, _ = key_of(0, 1)
-    (k2, _f2), _, _ = key_of(0, 2)
-    assert k1 != k2 and "parallel" not in f1 and folder == "rank_0_0"
+    (k2, f2), _, _ = key_of(0, 2)
+    assert k1 != k2 and folder == "rank_0_0"
+    assert changed_factors(f1, f2)["config.parallel.tensor_parallel_size"] == (1, 2)
     lm = build_model("llama", num_layers=1, seed=3)  # no TP group at all
     assert cache_keys.aot_cache_key(lm.model, CompilationConfig())[0] == k1
     assert cache_files.rank_folder() == "rank_0_0"
@@ -90,17 +93,17 @@ def test_allreduce_fusion_is_off_by_default_and_disabled_at_tp1():
     assert fusion2.max_token_num == 8
 
 
-def test_the_fusion_pass_uuid_is_in_the_key():
-    """At TP=2 the pass's uuid (its source, the TP size, max_token_num, the group) is in the
-    "passes" factor: turning it on, or changing its gate, is another key."""
+def test_the_fusion_pass_and_its_gate_are_in_the_key():
+    """At TP=2, turning the pass on, or changing its gate, is another key (its settings are in
+    config.compilation.pass_config, the TP size in config.parallel), and another pass manager
+    uuid (Inductor's FX-graph key: the pass's source, the TP size, max_token_num, the group)."""
+    configs = [{}, {"fuse_allreduce_rms": True},
+               {"fuse_allreduce_rms": True, "allreduce_fusion_max_token_num": 4}]
     with as_rank(0, 2):
-        off = cache_keys.compile_factors(CompilationConfig())["passes"]
-        on = cache_keys.compile_factors(CompilationConfig(
-            pass_config={"fuse_allreduce_rms": True}))["passes"]
-        gated = cache_keys.compile_factors(CompilationConfig(
-            pass_config={"fuse_allreduce_rms": True,
-                         "allreduce_fusion_max_token_num": 4}))["passes"]
-    assert len({off, on, gated}) == 3
+        ccs = [CompilationConfig(pass_config=c) for c in configs]
+        uuids = {cache_keys.passes_uuid(cc) for cc in ccs}
+        keys = {cache_keys.backend_cache_key(cc, "cpu")[0] for cc in ccs}
+    assert len(uuids) == len(keys) == 3
 
 
 @pytest.mark.parametrize("with_norm_out", [False, True])

@@ -90,7 +90,7 @@ def refusals(tmp_path_factory):
      [True, False]),
     # the nudged tensor: same dtype and shape, other bytes
     ("checkpoint", "weights.model.norm.weight", "checkpoint", "float32[192]:"),
-    ("env", "envs.VLLM_USE_BYTECODE_HOOK", "compile cache key", [True, False]),
+    ("env", "env.VLLM_USE_BYTECODE_HOOK", "compile cache key", [True, False]),
 ])
 def test_a_difference_is_named_on_every_rank_before_anything_compiles(refusals, case, factor, what,
                                                                        expected):

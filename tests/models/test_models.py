@@ -111,7 +111,7 @@ def test_decoder_traces_as_one_graph_with_auto_functionalized_ops():
     assert "auto_functionalized" in code
     for op in ("rotary_embedding", "silu_and_mul"):
         assert f"minivllm.{op}" in code, op
-    # the norms are vLLM IR ops (RMSNorm calls them, as vLLM 0.33's does): one node each
+    # the norms are vLLM IR ops (RMSNorm calls them, as vLLM 0.34's does): one node each
     for op in ("rms_norm", "fused_add_rms_norm"):
         assert f"minivllm_ir.{op}" in code and f"minivllm.{op}" not in code, op
     assert code.count("minivllm.unified_attention_with_output") == 2  # one per layer

@@ -14,11 +14,12 @@ PACKAGE = Path(minivllm_compile.__file__).parent
 # vLLM 0.34's files (read from its wheel) that have a counterpart here, by their path below vllm/
 VLLM_FILES = [
     "envs.py", "forward_context.py", "logger.py",
-    "config/compilation.py", "config/kernel.py", "config/utils.py",
+    "config/compilation.py", "config/kernel.py", "config/parallel.py", "config/utils.py",
     "compilation/decorators.py", "compilation/wrapper.py", "compilation/backends.py",
     "compilation/piecewise_backend.py", "compilation/compiler_interface.py",
     "compilation/partition_rules.py", "compilation/caching.py", "compilation/cuda_graph.py",
-    "compilation/counter.py", "compilation/monitor.py",
+    "compilation/counter.py", "compilation/monitor.py", "compilation/codegen.py",
+    "compilation/depyf_compat.py",
     "compilation/passes/inductor_pass.py", "compilation/passes/vllm_inductor_pass.py",
     "compilation/passes/pass_manager.py", "compilation/passes/fx_utils.py",
     "compilation/passes/fusion/qk_norm_rope_fusion.py",
@@ -31,7 +32,7 @@ VLLM_FILES = [
     "compilation/passes/ir/clone_elimination.py",
     "compilation/passes/ir/inplace_functionalization.py",
     "compilation/passes/ir/lowering_pass.py", "compilation/passes/ir/utils.py",
-    "ir/op.py", "ir/util.py", "ir/tolerances.py", "ir/ops/layernorm.py",
+    "ir/op.py", "ir/util.py", "ir/tolerances.py", "ir/ops/layernorm.py", "ir/ops/activation.py",
     "distributed/parallel_state.py", "distributed/communication_op.py", "distributed/utils.py",
 ]
 

@@ -54,13 +54,16 @@ def test_shipped_checkpoints_are_small_and_have_a_loss_curve():
 
 @pytest.mark.compiles
 def test_a_warm_start_does_not_import_the_pattern_matcher():
-    """The cache key builds the pass manager; with the fusion passes off (the default) that must not
+    """A warm start computes the AOT key; with the fusion passes off (the default) that must not
     import Inductor's pattern matcher (and its lowerings): about a second of a warm start."""
     import subprocess
     import sys
 
-    code = ("import sys; from minivllm_compile import CompilationConfig, cache_keys; "
-            "cache_keys.passes_uuid(CompilationConfig()); "
+    code = ("import sys; from minivllm_compile import CompilationConfig; "
+            "from minivllm_compile.compilation import cache_keys; "
+            "from minivllm_compile.models import build_model; "
+            "cache_keys.aot_cache_key(build_model('llama', num_layers=1).model, "
+            "CompilationConfig()); "
             "print('torch._inductor.pattern_matcher' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

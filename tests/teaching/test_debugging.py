@@ -14,9 +14,11 @@ from minivllm_compile import (
     CompilationMode,
     CUDAGraphMode,
     PassConfig,
+    envs,
     support_torch_compile,
 )
 from minivllm_compile.compilation.caching import VllmSerializableFunction
+from minivllm_compile.config import hash_config
 from minivllm_compile.models import build_model
 from minivllm_compile.viz.debugging import (
     SWITCHES,
@@ -35,7 +37,7 @@ def test_enforce_eager_turns_off_compilation_and_cuda_graphs(caplog):
     assert cc.mode == CompilationMode.NONE and cc.cudagraph_mode == CUDAGraphMode.NONE
     assert cc.cudagraph_capture_sizes == [] and cc.max_cudagraph_capture_size == 0
     # it acts through mode and cudagraph_mode, which the hash already holds
-    assert cc.compute_hash() == CompilationConfig(mode=CompilationMode.NONE).compute_hash()
+    assert hash_config(cc) == hash_config(CompilationConfig(mode=CompilationMode.NONE))
     with pytest.raises(ValueError, match="enforce_eager must be True or False"):
         CompilationConfig(enforce_eager="yes")
 
@@ -86,7 +88,7 @@ def test_every_switch_makes_a_valid_config_and_leaves_the_original_alone():
     assert not any(v for v in vars(off.pass_config).values() if isinstance(v, bool))
     assert "post_grad_custom_post_pass" not in off.inductor_compile_config
     assert (
-        got["VLLM_DISABLE_COMPILE_CACHE=1"].compute_hash() == cc.compute_hash()
+        hash_config(got["VLLM_DISABLE_COMPILE_CACHE=1"]) == hash_config(cc)
     )  # an environment switch
     assert (
         cc.mode == CompilationMode.VLLM_COMPILE
@@ -147,13 +149,28 @@ def test_rerun_finds_the_narrowest_switch_for_a_shape_specialisation():
     assert narrowest(rows) == ["mode=STOCK_TORCH_COMPILE"]
 
 
-def test_changed_factors_names_what_two_cache_entries_differ_in(tmp_path):
-    for name, gain in (("a", 1), ("b", 2)):
+def test_changed_factors_names_the_field_two_cache_entries_differ_in(tmp_path):
+    """Down to the field, from two folders, two files or two factor dicts; the hashes, which
+    differ whenever a field under them does, are left out."""
+    from minivllm_compile.compilation import cache_keys
+
+    def factors(**pass_config):
+        cc = CompilationConfig(pass_config=PassConfig(**pass_config))
+        return cache_keys.backend_cache_key(cc, "cpu")[1]
+
+    a, b = factors(), factors(fuse_norm_quant=True)
+    for name, f in (("a", a), ("b", b)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "cache_key_factors.json").write_text(
-            json.dumps({"config": "x", "constants": gain})
-        )
-    assert changed_factors(tmp_path / "a", tmp_path / "b") == {"constants": (1, 2)}
+        (tmp_path / name / "cache_key_factors.json").write_text(json.dumps(f, indent=1))
+    want = {"config.compilation.pass_config.fuse_norm_quant": (False, True)}
+    assert changed_factors(tmp_path / "a", tmp_path / "b") == want
+    assert changed_factors(tmp_path / "a" / "cache_key_factors.json", b) == want
+    assert changed_factors(a, b) == want and a["config_hash"] != b["config_hash"]
+    assert changed_factors(a, a) == {}
+    b["env"]["VLLM_USE_AOT_COMPILE"] = "new"
+    del b["code"]
+    assert changed_factors(a, b) == {**want, "code.files": ([], None),
+                                     "env.VLLM_USE_AOT_COMPILE": (envs.VLLM_USE_AOT_COMPILE, "new")}
 
 
 def _compile_with_dump(path):

@@ -348,12 +348,13 @@ def test_describe_cache_reports_a_bad_entry_and_goes_on(tmp_path):
     root = tmp_path / "torch_compile_cache"
     bad = root / "aaa" / "rank_0_0" / "backbone"
     bad.mkdir(parents=True)
-    (bad / "cache_key_factors.json").write_text('{"config": "abc", "envs"')  # cut mid-write
+    (bad / "cache_key_factors.json").write_text('{"config": "abc", "env"')  # cut mid-write
     (root / "bbb").mkdir()
     (root / "bbb" / "gone").symlink_to(tmp_path / "nowhere")
     good = root / "ccc" / "rank_0_0" / "backbone"
     good.mkdir(parents=True)
-    (good / "cache_key_factors.json").write_text('{"config": "c0ffee", "traced_files": {"a": 1}}')
+    (good / "cache_key_factors.json").write_text(
+        '{"config": {"version": "c0ffee"}, "code": {"files": [{"path": "a"}]}}')
     locked = root / "ddd"
     locked.mkdir()
     (locked / "inside").write_text("x")
@@ -364,6 +365,6 @@ def test_describe_cache_reports_a_bad_entry_and_goes_on(tmp_path):
         locked.chmod(0o755)
     assert "cache_key_factors.json" in text and "unreadable" in text, text
     assert "gone" in text and f"dangling symlink to {tmp_path / 'nowhere'}" in text, text
-    assert "· config: c0ffee" in text and "· traced_files: 1 files" in text, text  # went on
+    assert "· config.version: c0ffee" in text and "· code: 1 files" in text, text  # went on
     if os.geteuid() != 0:  # root reads any folder
         assert "ddd/" in text and "cannot list" in text, text

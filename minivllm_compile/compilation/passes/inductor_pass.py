@@ -8,6 +8,7 @@ old pass.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from minivllm_compile.config import Range
 
@@ -64,6 +66,19 @@ def pass_context(compile_range: Range) -> Iterator[None]:
 def graph_text(graph: fx.Graph) -> str:
     """The graph as the Python Inductor would see it (what the records keep)."""
     return graph.python_code(root_module="self").src
+
+
+def enable_fake_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run `fn` in a FakeTensorMode of its own, outside any tracing context (vLLM's, under this
+    name): a fusion pass registers its patterns in it, so the example inputs it makes are fake and
+    tracing a pattern runs no op at all (no kernel, no all-reduce on a process group)."""
+
+    @functools.wraps(fn)
+    def fn_new(*args: Any, **kwargs: Any) -> Any:
+        with torch._guards.tracing(None), unset_fake_temporarily(), FakeTensorMode():
+            return fn(*args, **kwargs)
+
+    return fn_new
 
 
 class InductorPass(CustomGraphPass):

@@ -12,7 +12,7 @@ backend sets around each piece's compile (`CompilerManager.compile_context`), as
 compiled outside the backend (the manager installed by hand, outside any `pass_context`) runs
 every pass: vLLM asserts a context there.
 
-Order (vLLM 0.33's): NoOpElimination -> AllReduceFusion, RMSNormQuantFusion, ActivationQuantFusion,
+Order (vLLM 0.34's): NoOpElimination -> AllReduceFusion, RMSNormQuantFusion, ActivationQuantFusion,
 QKNormRoPEFusion (each when enabled) -> user passes (`add`) -> PostCleanup -> VllmIRLowering
 -> UnsafeCloneElimination
 -> PostCleanup -> FixFunctionalization, always last, so every other pass sees a functional graph.

@@ -1,4 +1,4 @@
-"""The providers of the IR ops beyond `native` (vLLM 0.33's vllm/kernels/): importing this package
+"""The providers of the IR ops beyond `native` (vLLM 0.34's vllm/kernels/): importing this package
 registers them, as importing vllm.kernels does (its platform's import_ir_kernels)."""
 
 from minivllm_compile.ir.kernels import triton_ops, vllm_c

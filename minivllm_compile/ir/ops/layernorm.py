@@ -1,7 +1,7 @@
-"""`rms_norm` and `fused_add_rms_norm` as IR ops (vLLM 0.33's vllm/ir/ops/layernorm.py).
+"""`rms_norm` and `fused_add_rms_norm` as IR ops (vLLM 0.34's vllm/ir/ops/layernorm.py).
 
 The bodies are the `native` providers: plain torch, computed in float32 and cast back once, as
-vLLM 0.33 writes them. Two details follow vLLM's native, not its CUDA kernel (nor this project's
+vLLM 0.34 writes them. Two details follow vLLM's native, not its CUDA kernel (nor this project's
 custom ops, which copy the kernel): the normalised value is cast to the weight's dtype before the
 multiply, and `fused_add_rms_norm` normalises the float32 sum, where the kernel normalises the sum
 rounded to the activation dtype. In float32 the two agree; in bfloat16 they differ by rounding,

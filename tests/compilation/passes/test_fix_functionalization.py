@@ -1,5 +1,5 @@
 """FixFunctionalizationPass on real pieces: a mutated graph input and its write-back, and chains
-of in-place ops on one buffer (vLLM 0.33.0's passes/utility/fix_functionalization.py rewrites
+of in-place ops on one buffer (vLLM 0.34.0's passes/utility/fix_functionalization.py rewrites
 every op it knows; ours does too, except where a genuine later reader needs the old value).
 
 Under VLLM_COMPILE a piece after the attention op takes the residual as a graph *input* and
@@ -8,9 +8,9 @@ writes `arg`; it does not read the old value, and must not keep the op functiona
 
 The models here take the seed's path to the in-place norms: the IR priority vllm_c with the torch
 wrap off, so Dynamo traces RMSNorm straight into the custom ops (`torch.ops.minivllm.*`), which
-AOTAutograd wraps in auto_functionalized. (With the wrap on, vLLM 0.33's default, the norms reach
-the post-grad passes as IR ops and the lowering inserts the in-place calls itself:
-tests/compilation/passes/test_ir_passes.py.)
+AOTAutograd wraps in auto_functionalized. (With the wrap on, vLLM 0.34's default under VLLM_COMPILE
+with Inductor, the norms reach the post-grad passes as IR ops and the lowering inserts the in-place
+calls itself: tests/compilation/passes/test_ir_passes.py.)
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ def _fix_norms(lm, stage: str = "before") -> dict[str, int]:
 # the name alone is 103 columns; renaming the test would change its id
 @pytest.mark.compiles
 def test_an_in_place_provider_is_lowered_in_place_and_the_seeds_path_still_needs_fix_functionalization():  # noqa: E501
-    """vllm_c with the wrap on (vLLM 0.33): the lowering inserts the in-place calls itself, on
+    """vllm_c with the wrap on (vLLM 0.34): the lowering inserts the in-place calls itself, on
     copies the clone elimination then removes, so FixFunctionalization has no norm left to fix.
     With the wrap off (the seed's path) AOTAutograd wraps the custom ops in auto_functionalized and
     FixFunctionalization rewrites them, as before."""

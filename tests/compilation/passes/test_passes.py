@@ -8,7 +8,7 @@ Two ways to get the graph the passes see:
   graph shows up as wrong numbers.
 
 The model takes the seed's path to the norms: IR priority vllm_c with the torch wrap off, so Dynamo
-traces RMSNorm straight into the in-place custom ops (vLLM 0.33's default path, the IR ops lowered
+traces RMSNorm straight into the in-place custom ops (vLLM 0.34's default path, the IR ops lowered
 after the fusion passes, is tests/compilation/passes/test_ir_passes.py's).
 """
 
@@ -365,7 +365,7 @@ def test_manager_order_records_and_range_filter():
     assert gm.ran
     with pytest.raises(TypeError, match="takes an InductorPass.*give an InductorPass"):
         mgr.add(42)
-    # the IR lowering and its clean-ups always run (vLLM 0.33 has no switch for them)
+    # the IR lowering and its clean-ups always run (vLLM 0.34 has no switch for them)
     assert [type(p).__name__ for p in _manager(eliminate_noops=False,
                                                enable_fix_functionalization=False)
             .all_passes()] == ["PostCleanupPass", "VllmIRLoweringPass",

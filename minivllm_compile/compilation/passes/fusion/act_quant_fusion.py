@@ -35,6 +35,7 @@ from minivllm_compile.compilation.passes.fusion.rms_quant_fusion import (
     register,
 )
 from minivllm_compile.compilation.passes.fx_utils import find_model_dtypes
+from minivllm_compile.compilation.passes.inductor_pass import enable_fake_mode
 from minivllm_compile.compilation.passes.vllm_inductor_pass import (
     VllmInductorPass,
     VllmPatternMatcherPass,
@@ -94,6 +95,7 @@ class ActivationQuantFusionPass(VllmPatternMatcherPass):
         self.patterns = PatternMatcherPass(pass_name="activation_quant_fusion_pass")
         self.registered: set[torch.dtype] = set()  # dtypes registered so far
 
+    @enable_fake_mode
     def register_patterns(self, dtype: torch.dtype) -> None:
         # custom act + custom quant holds no cast, so it fits any dtype: register it once
         for custom_act in (True, False):

@@ -50,6 +50,7 @@ from minivllm_compile.compilation.passes.fx_utils import (
     norm_dtypes_match,
     rms_norm_ir,
 )
+from minivllm_compile.compilation.passes.inductor_pass import enable_fake_mode
 from minivllm_compile.compilation.passes.ir.utils import find_rms_norm_eps
 from minivllm_compile.compilation.passes.vllm_inductor_pass import (
     VllmInductorPass,
@@ -176,6 +177,7 @@ class AllReduceFusionPass(VllmPatternMatcherPass):
         self.registered: set[tuple[float, torch.dtype]] = set()
         self.disabled = False
 
+    @enable_fake_mode  # traced on fake tensors: registering runs no all-reduce (vLLM's, too)
     def register_patterns(self, epsilon: float, dtype: torch.dtype) -> None:
         AllReduceRMSNormPattern(epsilon, dtype, self.params).register(self.patterns)
         AllReduceFusedAddRMSNormPattern(epsilon, dtype, self.params).register(self.patterns)

@@ -12,7 +12,7 @@ place on qkv in one pass over it. The replacement is written functionally,
 `auto_functionalized(fused_qk_norm_rope, qkv=qkv, ...)`, and split again; FixFunctionalization
 (last in the pipeline) then makes it a direct in-place call.
 
-The norms are matched as vLLM 0.33 matches them: the vLLM IR op `torch.ops.minivllm_ir.rms_norm`,
+The norms are matched as vLLM 0.34 matches them: the vLLM IR op `torch.ops.minivllm_ir.rms_norm`,
 one node whatever provider the priority will lower it to (this pass runs before
 VllmIRLoweringPass). RoPE comes in two forms: the custom op (`custom_ops` "all", an
 `auto_functionalized` node) and its plain-torch form (`custom_ops` "none", RotaryEmbedding's
@@ -45,11 +45,11 @@ import torch._inductor.pattern_matcher as pm
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 from torch._inductor.pattern_matcher import PatternMatcherPass
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 import minivllm_compile.ir.kernels  # noqa: F401  (the IR ops and their providers)
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
 from minivllm_compile.compilation.passes.fx_utils import is_func, rms_norm_ir
+from minivllm_compile.compilation.passes.inductor_pass import enable_fake_mode
 from minivllm_compile.compilation.passes.ir.utils import find_rms_norm_eps
 from minivllm_compile.compilation.passes.utility.noop_elimination import NoOpEliminationPass
 from minivllm_compile.compilation.passes.vllm_inductor_pass import (
@@ -217,10 +217,11 @@ class QKNormRoPEFusionPass(VllmPatternMatcherPass):
         limit = self.pass_config.qk_norm_rope_fusion_max_token_num
         return limit is None or compile_range is None or compile_range.end <= limit
 
+    @enable_fake_mode
     def register_patterns(self, geometry: QkNormRopeGeometry) -> None:
-        # traced on real (tiny) tensors, outside the fake mode Inductor compiles the graph under
-        # (with the IR ops' torch wrap on, so the norm traces to its one node)
-        with unset_fake_temporarily(), torch.no_grad(), enable_torch_wrap(True):
+        # traced on fake example inputs (with the IR ops' torch wrap on, so the norm traces to
+        # its one node)
+        with torch.no_grad(), enable_torch_wrap(True):
             for is_neox in (True, False):
                 for custom_rope in (True, False):
                     QkNormRopePattern(geometry, is_neox, custom_rope).register(self.patterns)

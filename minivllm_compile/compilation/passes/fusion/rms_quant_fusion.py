@@ -12,7 +12,7 @@ residual form fuses too: `fused_add_rms_norm` (returns the norm and x + residual
 quant becomes `fused_add_rms_norm_static_fp8_quant`, which writes the new residual and the
 quantized norm.
 
-The norm is matched as vLLM 0.33 matches it: the vLLM IR op, `torch.ops.minivllm_ir.rms_norm`
+The norm is matched as vLLM 0.34 matches it: the vLLM IR op, `torch.ops.minivllm_ir.rms_norm`
 (and fused_add_rms_norm's default overload, which the pre-grad pass made of `maybe_inplace`), one
 node whatever provider the priority will lower it to: this pass runs before VllmIRLoweringPass.
 The quant comes in two forms, and both are registered (vLLM's matcher_utils picks one form per op
@@ -50,7 +50,6 @@ import torch._inductor.pattern_matcher as pm
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 from torch._inductor.pattern_matcher import PatternMatcherPass
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 import minivllm_compile.ir.kernels  # noqa: F401  (the IR ops and their providers)
 import minivllm_compile.ops  # noqa: F401  (registers torch.ops.minivllm.*)
@@ -63,6 +62,7 @@ from minivllm_compile.compilation.passes.fx_utils import (
     norm_dtypes_match,
     rms_norm_ir,
 )
+from minivllm_compile.compilation.passes.inductor_pass import enable_fake_mode
 from minivllm_compile.compilation.passes.ir.utils import find_rms_norm_eps
 from minivllm_compile.compilation.passes.vllm_inductor_pass import (
     VllmInductorPass,
@@ -104,9 +104,9 @@ def quant_fp8(custom: bool):
 
 def register(pattern, replacement, inputs: list[torch.Tensor], pm_pass: PatternMatcherPass,
              extra_check=lambda match: True) -> None:
-    """Trace both on real (tiny) tensors, outside the fake mode Inductor compiles the graph under,
-    with the IR ops' torch wrap on (so an IR op traces to its one node)."""
-    with unset_fake_temporarily(), torch.no_grad(), enable_torch_wrap(True):
+    """Trace both on the (fake) example inputs, with the IR ops' torch wrap on (so an IR op traces
+    to its one node). Called from a register_patterns under enable_fake_mode, as vLLM's are."""
+    with torch.no_grad(), enable_torch_wrap(True):
         pm.register_replacement(pattern, replacement, inputs, pm.fwd_only, pm_pass,
                                 extra_check=extra_check)
 
@@ -188,6 +188,7 @@ class RMSNormQuantFusionPass(VllmPatternMatcherPass):
         self.patterns = PatternMatcherPass(pass_name="rmsnorm_quant_fusion_pass")
         self.registered: set[tuple[float, torch.dtype]] = set()  # (eps, dtype) registered so far
 
+    @enable_fake_mode
     def register_patterns(self, epsilon: float, dtype: torch.dtype) -> None:
         # the IR norm + custom quant holds no cast, so it fits any dtype: register it once per eps
         # (the plain-torch quant casts its input to fp32, so that one does not)

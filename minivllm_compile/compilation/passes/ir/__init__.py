@@ -1,4 +1,4 @@
-"""The vLLM IR passes (vLLM 0.33's compilation/passes/ir/): VllmIRInplaceFunctionalizationPass
+"""The vLLM IR passes (vLLM 0.34's compilation/passes/ir/): VllmIRInplaceFunctionalizationPass
 before AOTAutograd, VllmIRLoweringPass and UnsafeCloneEliminationPass after the fusion passes."""
 
 from minivllm_compile.compilation.passes.ir.clone_elimination import UnsafeCloneEliminationPass

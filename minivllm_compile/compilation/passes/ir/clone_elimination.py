@@ -1,5 +1,5 @@
 """`UnsafeCloneEliminationPass`: drop the copies the lowering made for in-place providers
-(vLLM 0.33's compilation/passes/ir/clone_elimination.py).
+(vLLM 0.34's compilation/passes/ir/clone_elimination.py).
 
 An in-place provider (vllm_c's fused_add_rms_norm) is lowered writing into `clone(x)`. The clone
 can go, and the provider write into `x` itself, when nothing reads `x` after the write, and `x` is

@@ -1,5 +1,5 @@
 """`VllmIRInplaceFunctionalizationPass`: `op.maybe_inplace(...)` -> `op(...)`, before AOTAutograd
-(vLLM 0.33's compilation/passes/ir/inplace_functionalization.py).
+(vLLM 0.34's compilation/passes/ir/inplace_functionalization.py).
 
 The backend installs it as Inductor's `pre_grad_custom_pass`, so it sees each piece as Dynamo
 traced it, before AOTAutograd functionalizes anything. `maybe_inplace` has the default overload's
@@ -50,14 +50,16 @@ class VllmIRInplaceFunctionalizationPass(VllmInductorPass):
                         f"a tensor computed in the graph, got {arg!r}"
                     )
                 later = [u.name for u in arg.users if order[u] > order[node]]
-                if later:
+                if later:  # vLLM's words first (its tests match "is used again after the node")
                     raise ValueError(
-                        f"{op.name}.maybe_inplace (node {node.name}) is passed {arg.name} as its "
-                        f"activation {op.activations[op.activation_indices.index(i)]!r}, and "
-                        f"{later} read {arg.name} after the call. maybe_inplace's activations are "
-                        f"donated: an in-place provider may write its outputs into them, so their "
-                        f"contents are undefined afterwards. Call the default overload "
-                        f"(ir.ops.{op.name}(...)) to keep the input, or pass a clone of it."
+                        f"Input {arg} to maybe_inplace node {node} is used again after the node "
+                        f"(by {later}). This is not allowed; activation inputs to maybe_inplace "
+                        f"ops are donated to the op, meaning their memory may be recycled for "
+                        f"outputs: {arg.name} is {op.name}'s activation "
+                        f"{op.activations[op.activation_indices.index(i)]!r}, and its contents "
+                        f"are undefined after the call.\n\nTo preserve the inputs, use the "
+                        f"default overload (ir.ops.{op.name}(...)) or clone them manually "
+                        f"beforehand."
                     )
                 if arg.op == "placeholder":
                     donated.add(order[arg])

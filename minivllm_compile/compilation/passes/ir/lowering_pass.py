@@ -1,5 +1,5 @@
 """`VllmIRLoweringPass`: every IR op node -> the implementation its priority picks
-(vLLM 0.33's compilation/passes/ir/lowering_pass.py).
+(vLLM 0.34's compilation/passes/ir/lowering_pass.py).
 
 It runs after the fusion passes, which match the IR ops while they are still one node each. For a
 node it asks the op's `dispatch` (with the node's fake tensors, so `supports_args` sees the real

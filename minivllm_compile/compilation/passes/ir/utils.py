@@ -1,5 +1,5 @@
 """Finding IR op nodes in a graph, and the donated inputs the pre-grad pass hands to the post-grad
-ones (vLLM 0.33's compilation/passes/ir/utils.py; vLLM keeps the donated inputs in its pass
+ones (vLLM 0.34's compilation/passes/ir/utils.py; vLLM keeps the donated inputs in its pass
 context, PassContext.donated_input_ids)."""
 
 from __future__ import annotations
